@@ -562,6 +562,11 @@ static inline int mt_ext_numeric(PyObject *o) {
  * in a list or tuple one: a call takes it as replicated once agreed
  * (ext_call_agreement.c). */
 int mt_ext_args_plain(PyObject *args, PyObject *kwargs);
+/* What the Python door must do for a call with these arguments (ext_entry.c,
+ * `_C.call_flags`): bit 0 a strided DTensor, bit 1 one that needs a gradient
+ * (grad mode on, out= aside), bit 2 more than one mesh, bit 3 a plain numeric
+ * ndarray. */
+int mt_ext_call_flags(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs);
 
 /* -- operands on one mesh (ext_one_mesh.c) ------------------------------------------ */
 

@@ -361,7 +361,7 @@ static PyObject *agree_call(PyObject *module, PyObject *const *args, Py_ssize_t 
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
   int program = by_program(d, args[3]);
   if (program < 0) return NULL;
-  int plain = mt_ext_args_plain(args[1], args[2]);
+  int flags = mt_ext_call_flags(d, args[1], args[2]);
   PyObject *first = NULL; /* borrowed: the arguments hold it */
   if (program && !d->modes->checks) {
     first = first_dtensor(d, PySequence_Fast_ITEMS(args[1]), PyTuple_GET_SIZE(args[1]));
@@ -393,7 +393,7 @@ static PyObject *agree_call(PyObject *module, PyObject *const *args, Py_ssize_t 
     }
     if (rc != MT_OK) return mt_ext_raise(rc, &err);
   }
-  return PyLong_FromLong(program | plain << 1);
+  return PyLong_FromLong(program | (flags >> 3 & 1) << 1 | flags << 2);
 }
 
 PyMethodDef mt_ext_call_agreement_methods[] = {
@@ -411,7 +411,8 @@ PyMethodDef mt_ext_call_agreement_methods[] = {
      "checks, and the first DTensor argument's mesh has more than one rank, the ranks "
      "agree on call_fingerprint(name, args, kwargs): ValueError on every rank when "
      "the calls differ. Bit 0 of the result: a program made the call; bit 1: a plain "
-     "numeric ndarray (not 0-d) is among the arguments or in a list or tuple one. "
+     "numeric ndarray (not 0-d) is among the arguments or in a list or tuple one; "
+     "from bit 2 on: call_flags(args, kwargs). "
      "Collective on that mesh when it agrees.\n\n"
      "Example: _C.agree_call('numpy.sum', (dt,), {'axis': 0}, sys._getframe(1))"},
     {NULL, NULL, 0, NULL},

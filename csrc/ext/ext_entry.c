@@ -286,16 +286,19 @@ static int args_need_grad(const mt_ext_dispatch *d, PyObject *args, PyObject *kw
   return 0;
 }
 
+int mt_ext_call_flags(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs) {
+  int strided = mt_ext_args_strided(d, args, kwargs);
+  int grad = d->modes->grad_enabled && args_need_grad(d, args, kwargs);
+  int meshes = mt_ext_args_meshes_differ(d, args, kwargs);
+  int plain = mt_ext_args_plain(args, kwargs);
+  return strided | grad << 1 | meshes << 2 | plain << 3;
+}
+
 /* call_flags(args, kwargs): see the method table. */
 static PyObject *call_flags(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 2 || !PyTuple_Check(args[0]) || !PyDict_Check(args[1]))
     return PyErr_Format(PyExc_TypeError, "call_flags(args: tuple, kwargs: dict)");
-  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
-  int strided = mt_ext_args_strided(d, args[0], args[1]);
-  int grad = d->modes->grad_enabled && args_need_grad(d, args[0], args[1]);
-  int meshes = mt_ext_args_meshes_differ(d, args[0], args[1]);
-  int plain = mt_ext_args_plain(args[0], args[1]);
-  return PyLong_FromLong(strided | grad << 1 | meshes << 2 | plain << 3);
+  return PyLong_FromLong(mt_ext_call_flags(mt_ext_dispatch_module(module), args[0], args[1]));
 }
 
 /* Whether func(x) (or another reduction over every element of one strided x,

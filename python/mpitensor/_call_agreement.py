@@ -24,12 +24,13 @@ from __future__ import annotations
 
 from . import _C, _modes
 
-__all__ = ["agree_call", "call_fingerprint", "agreed_call", "PROGRAM", "PLAIN"]
+__all__ = ["agree_call", "call_fingerprint", "agreed_call", "PROGRAM", "PLAIN", "CALL_FLAGS"]
 
 # The flags agree_call returns: a program made the call (not mpitensor, whose own
 # calls are alike on every rank by construction); a plain numeric ndarray is among
-# its arguments, which the call takes as replicated once agreed.
-PROGRAM, PLAIN = 1, 2
+# its arguments, which the call takes as replicated once agreed; and, from this bit
+# on, ``_C.call_flags`` of the arguments, which the door would ask next.
+PROGRAM, PLAIN, CALL_FLAGS = 1, 2, 2
 
 
 # agree_call(name, args, kwargs, caller) -> flags: agrees on the call
@@ -38,7 +39,7 @@ PROGRAM, PLAIN = 1, 2
 # namespace and mpitensor.testing) on a mesh of more than one rank, outside the
 # collective checks: ValueError on every rank of the mesh when the calls differ.
 # The doors of NumPy's calls (mpitensor._registry.door, the ufuncs' Python entry,
-# the C reduction methods) call it first; it returns the flags PROGRAM and PLAIN.
+# the C reduction methods) call it first; it returns the flags above.
 # Collective on the mesh of the first DTensor argument when it agrees. All of it
 # is one C call, which every call a program makes pays for. Example:
 # ``agree_call("numpy.sum", (dt,), {"axis": 0}, sys._getframe(1))``.

@@ -105,8 +105,12 @@ def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
     outer = viewing
     # Every call a program makes pays for this function: the agreement is one C
     # call, and without a DebugMode the entry runs without _traced's hop.
-    flags = (_call_agreement.agree_call(name or _names.get(func) or _label(func, args),
-                                        args, kwargs, caller) if caller is not None else 0)
+    if caller is None:
+        flags, call_flags = 0, -1
+    else:
+        flags = _call_agreement.agree_call(name or _names.get(func) or _label(func, args),
+                                           args, kwargs, caller)
+        call_flags = flags >> _call_agreement.CALL_FLAGS
     viewing = func if flags & _call_agreement.PROGRAM else None
     try:
         if flags & _call_agreement.PLAIN:
@@ -117,7 +121,7 @@ def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
                 _modes.pop_implicit_replication()
         if _modes.recorders:
             return _traced(func, args, kwargs, name, False)
-        return _entry(func, args, kwargs, name, False)
+        return _entry(func, args, kwargs, name, False, call_flags)
     finally:
         viewing = outer
 
@@ -155,14 +159,15 @@ def _traced(func, args: tuple, kwargs: dict, name, from_c: bool):
         _trace.call_exit(token, result)
 
 
-def _entry(func, args: tuple, kwargs: dict, name, from_c: bool):
+def _entry(func, args: tuple, kwargs: dict, name, from_c: bool, flags: int = -1):
     """The registered entry; where its rule does not cover the arguments, NumPy on
     the gathered arrays, except for the C doors' calls (their NoRule is raised:
-    the ufuncs' entry gathers itself)."""
+    the ufuncs' entry gathers itself). ``flags``: ``_C.call_flags`` of the
+    arguments when known (-1 otherwise)."""
     if from_c:
         return _run(func, args, kwargs, True)
     try:
-        return _run(func, args, kwargs, False)
+        return _run(func, args, kwargs, False, flags)
     except NoRule as e:
         return gather_call(func, args, kwargs, name, cause=e)
 
@@ -237,9 +242,10 @@ _METHOD_KEYWORDS = frozenset(("axis", "keepdims"))
 _STRIDED, _GRAD, _MESHES, _PLAIN = 1, 2, 4, 8
 
 
-def _run(func, args: tuple, kwargs: dict, from_c: bool):
+def _run(func, args: tuple, kwargs: dict, from_c: bool, flags: int = -1):
     """The door's steps after the agreement: the user's rule or the entry, with
-    strided operands made plain and the call recorded."""
+    strided operands made plain and the call recorded. ``flags``: ``_C.call_flags``
+    of the arguments when the agreement gave them (-1 otherwise)."""
     rule = _rule_of(func, args) if rules else None
     entry = None
     if rule is None:
@@ -252,7 +258,8 @@ def _run(func, args: tuple, kwargs: dict, from_c: bool):
         entry = functions.get(func)
         if entry is None:
             raise no_rule(func)
-    flags = _C.call_flags(args, kwargs)
+    if flags < 0:
+        flags = _C.call_flags(args, kwargs)
     if flags & _MESHES:
         # Replicate DTensors of another mesh of the same ranks join the call's mesh
         # as the executor takes them; any other mesh is the entry's error.

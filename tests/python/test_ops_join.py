@@ -91,8 +91,17 @@ def test_concatenate_errors_on_every_rank():
     mesh = mesh_of((W,))
     a = make(np.zeros((4, 3)), mesh, [S0])
     b = make(np.zeros((4, 2)), mesh, [S0])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="except for the concatenation axis must match"):
         np.concatenate([a, b], axis=0)
+    with pytest.raises(ValueError, match="same number of dimensions"):
+        np.concatenate([a, make(np.zeros(4), mesh, [S0])], axis=0)
+    with pytest.raises(ValueError, match="zero-dimensional"):
+        np.concatenate([make(np.zeros(()), mesh, [R])] * 2)
+    with pytest.raises(np.exceptions.AxisError):
+        np.concatenate([a, a], axis=2)
+    other = mpitensor.init_device_mesh("cpu", (1, W))
+    with pytest.raises(ValueError, match="mesh"):
+        np.concatenate([a, make(np.zeros((4, 3)), other, [R, S0])], axis=1)
     with pytest.raises(ValueError):
         np.vsplit(make(np.zeros(4), mesh, [S0]), 2)
     with pytest.raises(ValueError):

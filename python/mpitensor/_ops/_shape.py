@@ -238,35 +238,73 @@ def _flat(x):
 def concatenate(arrays, axis=0, out=None, **kwargs):
     if out is not None or kwargs:
         _check_kwargs("concatenate", out, kwargs)
+    if type(axis) is int and axis >= 0 and type(arrays) in _SEQUENCES and \
+            1 < len(arrays) <= _MAX_INPUTS:
+        # The common call, DTensors of one mesh joined along an axis no mesh dim
+        # shards, goes straight to the executor; build() checks their ranks and the
+        # axis, on a miss of the memo (keyed by their layouts).
+        mesh = arrays[0]._spec.mesh if type(arrays[0]) is DTensor else None
+        for x in arrays:
+            if type(x) is not DTensor or x._spec.mesh is not mesh:
+                break
+        else:
+            if _join.joining_mesh_dim(arrays, axis) is None:
+                return _joined(tuple(arrays), axis)
     arrays = _sequence("concatenate", arrays)
     if axis is None:
         # NumPy joins the flattened arrays: each sharded one reaches flat order by
         # one exchange (``_flatten``), then they join along the flat axis.
         flat = [x if x.ndim == 1 else _flat(x) for x in arrays]
         return concatenate(flat, 0, out, **kwargs)
-    n = len(arrays[0]._spec.shape)
-    if n == 0:
-        raise ValueError("numpy.concatenate: zero-dimensional arrays cannot be "
-                         "concatenated")
+    n = _rank_of(arrays)
     mesh = arrays[0]._spec.mesh
     for x in arrays:
-        if len(x._spec.shape) != n:
-            raise ValueError("numpy.concatenate: all the input arrays must have the "
-                             "same number of dimensions")
         if x._spec.mesh is not mesh:
             D.same_mesh("numpy.concatenate", arrays)  # equal meshes pass; else its error
     ax = axis if type(axis) is int and 0 <= axis < n else normalize_axis_index(axis, n)
     m = _join.joining_mesh_dim(arrays, ax)
     if m is not None:
-        first = arrays[0].shape
-        for x in arrays:
-            if any(x.shape[d] != first[d] for d in range(n) if d != ax):
-                raise ValueError("numpy.concatenate: all the input array dimensions except "
-                                 "for the concatenation axis must match exactly")
+        _same_other_dims(arrays, ax)
         # Along a sharded axis the rows are re-chunked by one exchange, not gathered.
         return _join.concatenate_sharded("numpy.concatenate", arrays, ax, m)
+    return _joined(tuple(arrays), ax)
 
+
+_SEQUENCES = (tuple, list)
+_MAX_INPUTS = D.MAX_INPUTS
+
+
+def _rank_of(arrays) -> int:
+    """The number of dims of the arrays np.concatenate joins: one, not 0, for all
+    (NumPy's ValueError otherwise)."""
+    n = len(arrays[0].shape)
+    if n == 0:
+        raise ValueError("numpy.concatenate: zero-dimensional arrays cannot be "
+                         "concatenated")
+    if any(len(x.shape) != n for x in arrays):
+        raise ValueError("numpy.concatenate: all the input arrays must have the "
+                         "same number of dimensions")
+    return n
+
+
+def _same_other_dims(arrays, ax: int) -> None:
+    """NumPy's ValueError where the arrays np.concatenate joins along ``ax`` differ
+    in another dim."""
+    first = arrays[0].shape
+    for x in arrays:
+        if any(x.shape[d] != first[d] for d in range(len(first)) if d != ax):
+            raise ValueError("numpy.concatenate: all the input array dimensions except "
+                             "for the concatenation axis must match exactly")
+
+
+def _joined(arrays: tuple, ax: int):
+    """np.concatenate of DTensors along axis ``ax``, which no mesh dim shards: a dim
+    map, local where the layouts agree. Its build checks what NumPy does (the ranks,
+    the axis; the executor the other dims)."""
     def build():
+        n = _rank_of(arrays)
+        normalize_axis_index(ax, n)  # NumPy's AxisError
+        _same_other_dims(arrays, ax)
         # Label ax is the output's axis; each input's axis gets a label of its own.
         kinds = [D.KEEP] * n
         kinds[ax] = D.REPLICATE
@@ -281,8 +319,14 @@ def concatenate(arrays, axis=0, out=None, **kwargs):
         return D.dimmap(in_labels, range(n), kinds, partial_rule=D.P_ADDITIVE,
                         sizes={ax: sum(x.shape[ax] for x in arrays)})
 
-    return _run("concatenate", ("concatenate", ax), tuple(arrays), build,
-                lambda *ls: np.concatenate(ls, axis=ax))
+    local = _JOIN_LOCAL.get(ax)
+    if local is None:
+        local = _JOIN_LOCAL[ax] = lambda *ls: np.concatenate(ls, axis=ax)
+    return D.execute(("concatenate", ax), arrays, build, local)
+
+
+# The local join of each axis, made once.
+_JOIN_LOCAL: dict = {}
 
 
 @_registry.implements(np.stack)
