@@ -330,8 +330,35 @@ def flip(m, axis=None):
     Example: ``np.flip(dt, 1)`` of a ``[Shard(0)]`` DTensor stays ``[Shard(0)]``.
     """
     program = _registry.program_call(np.flip)
+    out = _flipped_blocks(m, axis)
+    if out is not None:
+        return out
     out = _flipped(m, axis)
     return _flip.as_view(m, out, axis, lambda p: _flipped(p, axis)) if program else out
+
+
+def _flipped_blocks(m, axis):
+    """np.flip of ``m`` along axes no mesh dim shards, on a member of the mesh, no
+    Partial among its placements: each rank's block flipped, a view of the block on
+    every rank, as NumPy's flip is of its array (so no rank needs to hear whether
+    another's moved). None for any other flip. Local."""
+    if type(m) is not DTensor:
+        return None
+    spec = m._spec
+    n = len(spec.shape)
+    axes = (tuple(range(n)) if axis is None else (axis,) if type(axis) is int and 0 <= axis < n
+            else normalize_axis_tuple(axis, n))
+    for p in spec.placements:
+        if not (type(p) is Replicate or type(p) is Shard and p.dim not in axes):
+            return None
+    local = m._data()
+    if local.ndim != n:  # a rank outside the mesh holds a stand-in
+        return None
+    if spec.stride != contiguous_strides(spec.shape):
+        spec = spec._replace(stride=contiguous_strides(spec.shape))
+    if _modes.state.tracing:
+        _trace.local("numpy.flip", [m], spec.placements)
+    return DTensor(np.flip(local, axes), spec)
 
 
 def _flipped(m, axis):
