@@ -12,7 +12,7 @@ int mt_agree(mt_mesh *mesh, int status, uint64_t fingerprint, mt_error *err) {
   MPI_Comm comm = MPI_COMM_NULL;
   int rc = mt_mesh_comm(mesh, &comm, err);
   if (rc != MT_OK) return rc;
-  return mt_agree_fingerprint_comm(comm, status, fingerprint, err);
+  return mt__agree_fingerprint(comm, mt__mesh_shm(mesh), status, fingerprint, err);
 }
 
 int mt_agree_move(mt_mesh *mesh, int status, const mt_layout *from,

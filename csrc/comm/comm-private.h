@@ -9,7 +9,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "mpitensor/comm/mesh.h" /* mt_mpi_error */
+#include "mpitensor/comm/agree.h" /* MT_AGREE_MAX_VALUES */
+#include "mpitensor/comm/mesh.h"  /* mt_mpi_error */
 #include "mpitensor/core/layout.h"
 #include "mpitensor/core/status.h"
 
@@ -57,6 +58,36 @@ extern void (*_Atomic mt__mpi_failure_hook)(const char *reason);
     int mt_mpi_rc_ = MT__BLOCKING(what, call);                                 \
     if (mt_mpi_rc_ != MPI_SUCCESS) return mt_mpi_error(err, mt_mpi_rc_, what); \
   } while (0)
+
+/* The agreements' all-reduce through memory the members of a mesh on one node
+ * share (agree_shm.c): the lowest failing rank and the values of mt_agree_comm,
+ * or mt_mesh_any's flag. */
+typedef struct mt__shm mt__shm;
+#define MT__SHM_MAX_VALUES (1 + MT_AGREE_MAX_VALUES)
+enum { MT__SHM_MIN = 0, MT__SHM_OR = 1 };
+
+/* Collective on `comm`, whose members share a node: *out is a segment that every
+ * member mapped, or NULL on every member (no shared memory to be had: MPI's
+ * all-reduce serves). MT_EMPI when the collectives fail. */
+int mt__shm_create(MPI_Comm comm, mt__shm **out, mt_error *err);
+
+/* Local. Unmaps the segment (no MPI call); accepts NULL. */
+void mt__shm_destroy(mt__shm *s);
+
+/* Collective on the segment's members, which call it in the same order: the `n`
+ * values (at most MT__SHM_MAX_VALUES) become their elementwise MT__SHM_MIN or
+ * MT__SHM_OR over the members. Waits as a blocking MPI call does, seen by the
+ * watchdog. */
+void mt__shm_allreduce(mt__shm *s, int64_t *values, int n, int op);
+
+/* Local. The segment of a mesh this rank is a member of, made when the mesh was
+ * created on one node; NULL for a slice, a mesh over nodes, or no segment. */
+mt__shm *mt__mesh_shm(const mt_mesh *mesh);
+
+/* Collective on `comm` (or on `shm`'s members, the same ranks, when not NULL):
+ * mt_agree_fingerprint_comm, whose all-reduces go through `shm`. */
+int mt__agree_fingerprint(MPI_Comm comm, mt__shm *shm, int status, uint64_t fingerprint,
+                          mt_error *err);
 
 /* The box of the rank whose coordinate is `coord` with mesh dim `m` set to `k`
  * (m < 0: `coord` itself), for a layout already validated: the member boxes of a

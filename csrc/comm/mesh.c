@@ -34,6 +34,7 @@ struct mt_mesh {
   mt_time_model model; /* plans on this mesh are ranked by it */
   mt_mesh_nodes nodes; /* a created mesh: how its members lie on nodes */
   int direct; /* a created mesh: its members read each other's arrays (direct.c) */
+  mt__shm *shm; /* a created mesh on one node: the agreements' all-reduce (agree_shm.c) */
   /* What mt_mesh_check reads: each communicator the mesh owns carries an
    * attribute (of a created mesh's `keyval`) whose delete callback marks `lost`
    * when someone else frees it (mesh.get_group().Free()), and MPI_COMM_SELF one
@@ -311,8 +312,9 @@ static int learn_nodes(mt_mesh *m, int64_t linear, mt_error *err) {
   free(node);
   if (rc != MPI_SUCCESS) return mt_mpi_error(err, rc, "MPI_Allgather");
   /* Every member sees the same table, so all probe or none does. */
-  if (m->model.ranks_per_node == 0) return mt__direct_probe(m->mesh_comm, (int)n, &m->direct, err);
-  return MT_OK;
+  if (m->model.ranks_per_node != 0) return MT_OK;
+  rc = mt__direct_probe(m->mesh_comm, (int)n, &m->direct, err);
+  return rc == MT_OK ? mt__shm_create(m->mesh_comm, &m->shm, err) : rc;
 }
 
 /* What every rank must pass alike: the shape and the ranks. */
@@ -450,6 +452,12 @@ void mt_mesh_nodes_of(const mt_mesh *mesh, mt_mesh_nodes *out) { *out = mesh->ro
 
 int mt_mesh_direct_read(const mt_mesh *mesh) { return mesh->root->direct; }
 
+mt__shm *mt__mesh_shm(const mt_mesh *mesh) { return mesh == mesh->root ? mesh->shm : NULL; }
+
+int mt_mesh_shared_agreement(const mt_mesh *mesh) {
+  return mesh->in_mesh && mt__mesh_shm(mesh) != NULL;
+}
+
 int mt_mesh_set_time_model(mt_mesh *mesh, const mt_time_model *model, mt_error *err) {
   mt_time_model next = *model;
   next.ranks_per_node = mesh->model.ranks_per_node;
@@ -474,6 +482,7 @@ void mt_mesh_destroy(mt_mesh *mesh) {
       free_comm(&mesh->split[d][0]);
       free_comm(&mesh->split[d][1]);
     }
+    mt__shm_destroy(mesh->shm);
     if (!finalized && mesh->keyval != MPI_KEYVAL_INVALID) {
       MPI_Comm_delete_attr(MPI_COMM_SELF, mesh->keyval);
       MPI_Comm_free_keyval(&mesh->keyval);
@@ -660,6 +669,13 @@ int mt_mesh_comm(mt_mesh *mesh, MPI_Comm *out, mt_error *err) {
 }
 
 int mt_mesh_any(const mt_mesh *mesh, int flag, int *result, mt_error *err) {
+  mt__shm *shm = mesh->in_mesh ? mt__mesh_shm(mesh) : NULL;
+  if (shm != NULL) {
+    int64_t v = flag;
+    mt__shm_allreduce(shm, &v, 1, MT__SHM_OR);
+    *result = (int)v;
+    return MT_OK;
+  }
   int value = flag;
   /* OR along dim 0, then dim 1, ...: after the last dim every rank holds the OR
    * over the whole grid. */

@@ -561,7 +561,6 @@ static inline int mt_ext_numeric(PyObject *o) {
 /* Whether a plain numeric ndarray (not 0-d) is among `args` and `kwargs`' values or
  * in a list or tuple one: a call takes it as replicated once agreed
  * (ext_call_agreement.c). */
-int mt_ext_args_plain(PyObject *args, PyObject *kwargs);
 /* What the Python door must do for a call with these arguments (ext_entry.c,
  * `_C.call_flags`): bit 0 a strided DTensor, bit 1 one that needs a gradient
  * (grad mode on, out= aside), bit 2 more than one mesh, bit 3 a plain numeric

@@ -306,33 +306,6 @@ static PyObject *first_dtensor(mt_ext_dispatch *d, PyObject *const *items, Py_ss
   return NULL;
 }
 
-/* Whether `v` is a plain numeric ndarray of one dim or more. */
-static int plain_array(PyObject *v) {
-  return Py_TYPE(v) == &PyArray_Type && PyArray_NDIM((PyArrayObject *)v) > 0 &&
-         mt_ext_numeric(v);
-}
-
-/* Whether a plain numeric ndarray is among `items` or in a list or tuple one. */
-static int has_plain(PyObject *const *items, Py_ssize_t n) {
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject *v = items[i];
-    if (plain_array(v)) return 1;
-    if (PyTuple_CheckExact(v) || PyList_CheckExact(v))
-      for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(v); ++k)
-        if (plain_array(PySequence_Fast_ITEMS(v)[k])) return 1;
-  }
-  return 0;
-}
-
-int mt_ext_args_plain(PyObject *args, PyObject *kwargs) {
-  if (has_plain(PySequence_Fast_ITEMS(args), PyTuple_GET_SIZE(args))) return 1;
-  Py_ssize_t pos = 0;
-  PyObject *key, *v;
-  while (kwargs != NULL && PyDict_Next(kwargs, &pos, &key, &v))
-    if (has_plain(&v, 1)) return 1;
-  return 0;
-}
-
 /* The ValueError's text for a call of `name` whose ranks differ, cut to fit an
  * mt_error at a character boundary. */
 static void mismatch_message(PyObject *name, mt_error *err) {

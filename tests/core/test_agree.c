@@ -2,11 +2,13 @@
  * comes back on every rank with the first failing rank's status and message,
  * differing fingerprints come back as MT_EINVAL with the first rank's sentence,
  * slices agree among their own members, outsiders take no part, and the job goes
- * on after every failure (each case is followed by more agreements). */
+ * on after every failure (each case is followed by more agreements); on one node
+ * the agreements meet in shared memory, round after round. */
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "mpitensor/comm/agree.h"
@@ -115,6 +117,32 @@ static void test_slices(void) {
   mt_mesh_destroy(grid);
 }
 
+/* Agreements in shared memory (a mesh of one node) in long runs, mixed with the
+ * OR of mt_mesh_any: each round's result is exact, whichever rank is last to
+ * arrive, so no round reads a slot of the round before or after. A slice agrees
+ * through MPI, between rounds of its parent's. */
+static void test_shared_rounds(mt_mesh *m) {
+  /* This machine is one node; more ranks than cores agree through MPI. */
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  if (world_size > 1 && world_size <= cores) CHECK(mt_mesh_shared_agreement(m) == 1);
+  if (world_size == 1) CHECK(mt_mesh_shared_agreement(m) == 0);
+  int dims[1] = {0};
+  mt_mesh *slice = NULL;
+  CHECK(mt_mesh_slice(m, 1, dims, &slice, NULL) == MT_OK);
+  CHECK(mt_mesh_shared_agreement(slice) == 0);
+  for (int i = 0; i < 20000; ++i) {
+    int mine = i % world_size == world_rank ? 1 << (i % 31) : 0, any = -1;
+    CHECK(mt_mesh_any(m, mine, &any, NULL) == MT_OK);
+    if (any != 1 << (i % 31)) CHECK_MSG(0, "round %d: OR %d", i, any);
+    uint64_t fp = (uint64_t)i * (uint64_t)0x9e3779b97f4a7c15ull;
+    int odd = i % 997 == 0 && world_rank == world_size - 1 && world_size > 1;
+    int rc = mt_agree(i % 3 ? m : slice, MT_OK, fp + (uint64_t)odd, NULL);
+    if (rc != (i % 997 == 0 && world_size > 1 ? MT_EINVAL : MT_OK))
+      CHECK_MSG(0, "round %d: %s", i, mt_status_name(rc));
+  }
+  mt_mesh_destroy(slice);
+}
+
 /* A mesh of world rank 0 alone: the others keep their own status, uncounted. */
 static void test_outsiders(void) {
   int ranks[1] = {0};
@@ -178,6 +206,7 @@ int main(int argc, char **argv) {
   /* Agreement is metadata, not payload: it is not counted. */
   CHECK(memcmp(&before, &after, sizeof before) == 0);
   test_values();
+  test_shared_rounds(m);
   test_slices();
   test_outsiders();
   test_mesh_creation();
