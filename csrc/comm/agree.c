@@ -53,12 +53,17 @@ static int64_t as_signed(uint64_t u) {
 }
 
 int mt__agree_fingerprint(MPI_Comm comm, mt__shm *shm, int status, uint64_t fingerprint,
-                          mt_error *err) {
+                          int64_t *values, int n, mt_error *err) {
+  if (n < 0 || n > MT_AGREE_MAX_VALUES - 2 || (n > 0 && values == NULL))
+    return mt_error_set(err, MT_EINVAL, "an agreement carries 0 to %d values, got %d",
+                        MT_AGREE_MAX_VALUES - 2, n);
   mt_error mine = {0};
   if (err != NULL) mine = *err;
   /* min(x) and min(~x) = ~max(x): both ends of the range in one MIN reduction. */
-  int64_t v[2] = {as_signed(fingerprint), ~as_signed(fingerprint)};
-  int rc = agree_values(comm, shm, status, v, 2, err);
+  int64_t v[MT_AGREE_MAX_VALUES] = {as_signed(fingerprint), ~as_signed(fingerprint)};
+  for (int i = 0; i < n; ++i) v[2 + i] = values[i];
+  int rc = agree_values(comm, shm, status, v, 2 + n, err);
+  for (int i = 0; i < n; ++i) values[i] = v[2 + i];
   if (rc != MT_OK || v[0] == ~v[1]) return rc;
   int me = 0;
   MT__MPI_TRY(MPI_Comm_rank(comm, &me), "MPI_Comm_rank");
@@ -75,5 +80,5 @@ int mt__agree_fingerprint(MPI_Comm comm, mt__shm *shm, int status, uint64_t fing
 
 int mt_agree_fingerprint_comm(MPI_Comm comm, int status, uint64_t fingerprint,
                               mt_error *err) {
-  return mt__agree_fingerprint(comm, NULL, status, fingerprint, err);
+  return mt__agree_fingerprint(comm, NULL, status, fingerprint, NULL, 0, err);
 }

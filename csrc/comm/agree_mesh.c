@@ -7,12 +7,18 @@
 #include "comm-private.h"
 
 int mt_agree(mt_mesh *mesh, int status, uint64_t fingerprint, mt_error *err) {
+  return mt_agree_with(mesh, status, fingerprint, NULL, 0, err);
+}
+
+int mt_agree_with(mt_mesh *mesh, int status, uint64_t fingerprint, int64_t *values, int n,
+                  mt_error *err) {
   int64_t coord[MT_MAX_MESH_NDIM];
   if (!mt_mesh_coordinate(mesh, coord)) return status;
   MPI_Comm comm = MPI_COMM_NULL;
   int rc = mt_mesh_comm(mesh, &comm, err);
   if (rc != MT_OK) return rc;
-  return mt__agree_fingerprint(comm, mt__mesh_shm(mesh), status, fingerprint, err);
+  return mt__agree_fingerprint(comm, mt__mesh_shm(mesh), status, fingerprint, values, n,
+                               err);
 }
 
 int mt_agree_move(mt_mesh *mesh, int status, const mt_layout *from,

@@ -85,9 +85,10 @@ void mt__shm_allreduce(mt__shm *s, int64_t *values, int n, int op);
 mt__shm *mt__mesh_shm(const mt_mesh *mesh);
 
 /* Collective on `comm` (or on `shm`'s members, the same ranks, when not NULL):
- * mt_agree_fingerprint_comm, whose all-reduces go through `shm`. */
+ * mt_agree_fingerprint_comm, whose all-reduces go through `shm`, carrying `n`
+ * values (at most MT_AGREE_MAX_VALUES - 2) back as their minima (mt_agree_with). */
 int mt__agree_fingerprint(MPI_Comm comm, mt__shm *shm, int status, uint64_t fingerprint,
-                          mt_error *err);
+                          int64_t *values, int n, mt_error *err);
 
 /* The box of the rank whose coordinate is `coord` with mesh dim `m` set to `k`
  * (m < 0: `coord` itself), for a layout already validated: the member boxes of a

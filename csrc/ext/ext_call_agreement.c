@@ -306,6 +306,33 @@ static PyObject *first_dtensor(mt_ext_dispatch *d, PyObject *const *items, Py_ss
   return NULL;
 }
 
+/* Whether every DTensor among `items` (and in their lists and tuples) holds a
+ * C-contiguous local array. */
+static int contiguous(mt_ext_dispatch *d, PyObject *const *items, Py_ssize_t n) {
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject *v = items[i];
+    if (mt_ext_is_dtensor(d, v)) {
+      PyObject *local = ((mt_ext_dtensor *)v)->local;
+      if (local == NULL || !PyArray_Check(local) ||
+          !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)local))
+        return 0;
+    } else if ((PyTuple_CheckExact(v) || PyList_CheckExact(v)) &&
+               !contiguous(d, PySequence_Fast_ITEMS(v), PySequence_Fast_GET_SIZE(v))) {
+      return 0;
+    }
+  }
+  return 1;
+}
+
+static int args_contiguous(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs) {
+  if (!contiguous(d, PySequence_Fast_ITEMS(args), PyTuple_GET_SIZE(args))) return 0;
+  Py_ssize_t pos = 0;
+  PyObject *key, *v;
+  while (PyDict_Next(kwargs, &pos, &key, &v))
+    if (!contiguous(d, &v, 1)) return 0;
+  return 1;
+}
+
 /* The ValueError's text for a call of `name` whose ranks differ, cut to fit an
  * mt_error at a character boundary. */
 static void mismatch_message(PyObject *name, mt_error *err) {
@@ -343,6 +370,9 @@ static PyObject *agree_call(PyObject *module, PyObject *const *args, Py_ssize_t 
     while (first == NULL && PyDict_Next(args[2], &pos, &key, &v)) first = first_dtensor(d, &v, 1);
   }
   mt_ext_mesh_base *mb = first == NULL ? NULL : mt_ext_spec_mesh(d, ((mt_ext_dtensor *)first)->spec);
+  /* Whether the local arrays are C-contiguous: this rank's say on a mesh of one,
+   * every member's once agreed, and no say (0) where nothing is agreed. */
+  int64_t contig = mb != NULL && mb->member && args_contiguous(d, args[1], args[2]);
   if (mb != NULL && mb->member && mt_ext_mesh_size(mb) > 1) {
     if (mb->mesh == NULL)
       return PyErr_Format(PyExc_RuntimeError, "agree_call: the mesh has no communicators");
@@ -353,7 +383,7 @@ static PyObject *agree_call(PyObject *module, PyObject *const *args, Py_ssize_t 
     int rc;
     ++mb->call_agreements;
     Py_BEGIN_ALLOW_THREADS
-    rc = mt_agree(mb->mesh, MT_OK, fp, &err);
+    rc = mt_agree_with(mb->mesh, MT_OK, fp, &contig, 1, &err);
     Py_END_ALLOW_THREADS
     if (rc == MT_EINVAL) {
       /* Every rank agreed with MT_OK, so the fingerprints differ; only then is the
@@ -366,7 +396,7 @@ static PyObject *agree_call(PyObject *module, PyObject *const *args, Py_ssize_t 
     }
     if (rc != MT_OK) return mt_ext_raise(rc, &err);
   }
-  return PyLong_FromLong(program | (flags >> 3 & 1) << 1 | flags << 2);
+  return PyLong_FromLong(program | (flags >> 3 & 1) << 1 | (long)contig << 2 | flags << 3);
 }
 
 PyMethodDef mt_ext_call_agreement_methods[] = {
@@ -385,7 +415,9 @@ PyMethodDef mt_ext_call_agreement_methods[] = {
      "agree on call_fingerprint(name, args, kwargs): ValueError on every rank when "
      "the calls differ. Bit 0 of the result: a program made the call; bit 1: a plain "
      "numeric ndarray (not 0-d) is among the arguments or in a list or tuple one; "
-     "from bit 2 on: call_flags(args, kwargs). "
+     "bit 2: the DTensors hold C-contiguous local arrays on every rank of the mesh "
+     "(known from the agreement, or on a mesh of one rank; else 0); from bit 3 on: "
+     "call_flags(args, kwargs). "
      "Collective on that mesh when it agrees.\n\n"
      "Example: _C.agree_call('numpy.sum', (dt,), {'axis': 0}, sys._getframe(1))"},
     {NULL, NULL, 0, NULL},

@@ -24,13 +24,16 @@ from __future__ import annotations
 
 from . import _C, _modes
 
-__all__ = ["agree_call", "call_fingerprint", "agreed_call", "PROGRAM", "PLAIN", "CALL_FLAGS"]
+__all__ = ["agree_call", "call_fingerprint", "agreed_call", "PROGRAM", "PLAIN",
+           "CONTIGUOUS", "CALL_FLAGS"]
 
 # The flags agree_call returns: a program made the call (not mpitensor, whose own
 # calls are alike on every rank by construction); a plain numeric ndarray is among
-# its arguments, which the call takes as replicated once agreed; and, from this bit
-# on, ``_C.call_flags`` of the arguments, which the door would ask next.
-PROGRAM, PLAIN, CALL_FLAGS = 1, 2, 2
+# its arguments, which the call takes as replicated once agreed; every DTensor
+# argument holds a C-contiguous local array on every rank (where NumPy's view of a
+# local array is one on every rank, no further all-reduce need ask); and, from bit
+# CALL_FLAGS on, ``_C.call_flags`` of the arguments, which the door would ask next.
+PROGRAM, PLAIN, CONTIGUOUS, CALL_FLAGS = 1, 2, 4, 3
 
 
 # agree_call(name, args, kwargs, caller) -> flags: agrees on the call

@@ -111,7 +111,7 @@ def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
         flags = _call_agreement.agree_call(name or _names.get(func) or _label(func, args),
                                            args, kwargs, caller)
         call_flags = flags >> _call_agreement.CALL_FLAGS
-    viewing = func if flags & _call_agreement.PROGRAM else None
+    viewing = (func, flags) if flags & _call_agreement.PROGRAM else None
     try:
         if flags & _call_agreement.PLAIN:
             _modes.push_implicit_replication()
@@ -126,23 +126,26 @@ def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
         viewing = outer
 
 
-# The NumPy function a program called through the door, until its entry takes it
-# (program_call): whose result NumPy makes a view of an argument, the entry makes
-# one for the program; calls mpitensor makes inside keep their own new arrays.
+# The NumPy function a program called through the door and the flags of its
+# agreement, until its entry takes them (program_call): whose result NumPy makes a
+# view of an argument, the entry makes one for the program; calls mpitensor makes
+# inside keep their own new arrays.
 viewing = None
 
 
-def program_call(func) -> bool:
-    """Whether the entry running is ``func`` as a program called it (not a call
-    mpitensor makes inside an operation); True once per door call. Local.
+def program_call(func) -> int:
+    """The agreement's flags (``_call_agreement.PROGRAM`` set, so true) when the
+    entry running is ``func`` as a program called it (not a call mpitensor makes
+    inside an operation), else 0; nonzero once per door call. Local.
 
     Example: ``if program_call(np.reshape): out = _views.keep(a, out, ...)``.
     """
     global viewing
-    if viewing is not func:
-        return False
+    v = viewing
+    if v is None or v[0] is not func:
+        return 0
     viewing = None
-    return True
+    return v[1]
 
 
 def _traced(func, args: tuple, kwargs: dict, name, from_c: bool):

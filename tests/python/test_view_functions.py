@@ -157,6 +157,27 @@ def test_a_reshape_numpy_copies_shares_nothing_with_its_base(layout):
     assert_matches(ours, numpys)
 
 
+@pytest.mark.parametrize("fortran_on", ["none", "last", "all"])
+def test_a_reshape_is_a_view_only_where_every_ranks_block_allows_it(fortran_on):
+    """Blocks laid out in Fortran order on some ranks (``from_local`` of each rank's
+    own array): NumPy's reshape of such a block is a copy, so the DTensor's is one on
+    every rank (a write into it reaches no base); with C-ordered blocks everywhere
+    it is a view on every rank. The same answer on every rank, and no rank waits."""
+    mesh = mesh_of((W,))
+    rank = mesh.get_coordinate()[0]
+    full = np.arange(W * 4 * 3.0).reshape(W * 4, 3)
+    local = full[4 * rank:4 * rank + 4].copy()
+    if fortran_on == "all" or fortran_on == "last" and rank == W - 1:
+        local = np.asfortranarray(local)
+    a = mt.DTensor.from_local(local, mesh, [S0])
+    ours = a.reshape(-1)
+    assert_matches(ours, full.reshape(-1))
+    ours[...] = -1.0
+    if fortran_on == "none":
+        full[...] = -1.0
+    assert_matches(a, full)
+
+
 @pytest.mark.parametrize("order", ["C", "F", "A", "K"])
 @pytest.mark.parametrize("of", ["array", "transpose", "flipped"])
 def test_ravel_in_each_order_is_numpys(layout, order, of):

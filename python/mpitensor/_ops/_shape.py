@@ -33,14 +33,15 @@ import operator
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
-from .. import _comm, _registry
+from .. import _call_agreement, _comm, _registry
 from .. import _strided as _layouts
 from .._dtensor import DTensor
 from .._algorithms import _dispatch as D
 from .._algorithms import _flatten, _views
 from . import _join
 from ._strided import expanded, is_strided, permuted, restride
-from ..placement_types import Shard
+from ..placement_types import Partial, Replicate, Shard
+from .._registry import memory_of as _memory_of
 
 
 
@@ -533,7 +534,7 @@ def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
         _target_shape(math.prod(src), shape, order)  # raises NumPy's error
 
     out = _reshaped(a, given, shape, order, copy)
-    return _as_numpy_gives(a, out, shape, order, copy) if program else out
+    return _as_numpy_gives(a, out, copy, program) if program else out
 
 
 def _reshaped(a, given, shape, order, copy):
@@ -557,13 +558,16 @@ def _reshaped(a, given, shape, order, copy):
                      _reshape_copy if copy else np.reshape, box=True)
 
 
-def _as_numpy_gives(a, out, shape, order, copy):
+def _as_numpy_gives(a, out, copy, program: int):
     """A program's reshape as NumPy gives it: a view of ``a`` where NumPy's is one,
     which a write reaches ``a`` through and which shows the writes into ``a`` even
     where the elements moved; else a copy that shares no memory with ``a``.
-    Collective on the mesh (one small all-reduce) but for ``copy=True``."""
+    ``program``: the agreement's flags. Collective on the mesh (one small
+    all-reduce) but for ``copy=True`` and a reshape of each rank's block in place."""
     if copy:
         return _views.fresh(a, out)
+    if program & _call_agreement.CONTIGUOUS and _blocks_reshaped(a, out):
+        return out
     target = out.shape
 
     def redo(p):
@@ -572,6 +576,37 @@ def _as_numpy_gives(a, out, shape, order, copy):
     def back(p, view, written):
         np.copyto(p, np.reshape(view, p.shape), where=np.reshape(written, p.shape))
     return _views.keep(a, out, redo, back, copies=_numpy_copies(a, target))
+
+
+def _blocks_reshaped(a, out) -> bool:
+    """Whether ``out`` is, on every rank, NumPy's view of the rank's block of ``a``,
+    given that every rank's block is C-contiguous (agreed): so on this rank, where
+    no layout is strided and no rank's block of ``a`` is empty. Then no element
+    moved anywhere (a move gives every rank new memory), and NumPy's reshape of a
+    C-contiguous block is a view on each rank alike. Local."""
+    if type(out) is not DTensor or _memory_of(out._data()) is not _memory_of(a._data()):
+        return False
+    spec = a._spec
+    shape, sharded = spec.shape, 0
+    for m, p in enumerate(spec.placements):
+        kind = type(p)
+        if kind is Shard:
+            if sharded >> p.dim & 1:
+                return False  # a dim two mesh dims shard: its blocks are nested
+            sharded |= 1 << p.dim
+            n, k = shape[p.dim], spec.mesh._mesh.shape[m]
+            step = -(-n // k) if n else 1
+            if -(-n // step) < k:  # torch.chunk leaves the last ranks empty
+                return False
+        elif kind not in _PLAIN_KINDS:
+            return False
+    for p in out._spec.placements:
+        if type(p) not in _PLAIN_KINDS:
+            return False
+    return 0 not in shape
+
+
+_PLAIN_KINDS = (Shard, Replicate, Partial)
 
 
 def _numpy_copies(a, target) -> bool:
@@ -639,7 +674,7 @@ def ravel(a, order="C"):
     if a.ndim > 1 and order == "F":
         return _ravel_reversed(a, program)
     out = reshape(a, -1)
-    return _as_numpy_gives(a, out, -1, "C", None) if program else out
+    return _as_numpy_gives(a, out, None, program) if program else out
 
 
 def _memory_order(a, order: str) -> str:

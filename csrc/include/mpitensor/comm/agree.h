@@ -72,6 +72,17 @@ int mt_agree_fingerprint_comm(MPI_Comm comm, int status, uint64_t fingerprint,
  */
 MT_EXPORT int mt_agree(mt_mesh *mesh, int status, uint64_t fingerprint, mt_error *err);
 
+/* Collective on the mesh. mt_agree, carrying `n` values (at most
+ * MT_AGREE_MAX_VALUES - 2; else MT_EINVAL without communicating) in the same
+ * all-reduce: each comes back as its minimum over the members, which is what each
+ * member's `values` hold on return (a rank outside the mesh keeps its own).
+ *
+ *   int64_t mine = local_is_contiguous;
+ *   rc = mt_agree_with(mesh, rc, fp, &mine, 1, &err);  // mine: 1 where all are
+ */
+MT_EXPORT int mt_agree_with(mt_mesh *mesh, int status, uint64_t fingerprint,
+                            int64_t *values, int n, mt_error *err);
+
 /* Collective on the mesh. mt_agree for an explicit redistribute of a tensor laid
  * out as `from` to the placements `to` (NULL: this rank failed before it knew
  * them), cast to `dtype` and asynchronous or not: every member's verdict, and the
