@@ -322,12 +322,15 @@ def _joined(arrays: tuple, ax: int):
 
     local = _JOIN_LOCAL.get(ax)
     if local is None:
-        local = _JOIN_LOCAL[ax] = lambda *ls: np.concatenate(ls, axis=ax)
+        local = _JOIN_LOCAL[ax] = lambda *ls: _concatenate_ndarrays(ls, ax)
     return D.execute(("concatenate", ax), arrays, build, local)
 
 
 # The local join of each axis, made once.
 _JOIN_LOCAL: dict = {}
+# NumPy's concatenate of ndarrays without its __array_function__ dispatch (NEP 18's
+# ``_implementation``): the local arrays are plain, so no other type can claim the call.
+_concatenate_ndarrays = getattr(np.concatenate, "_implementation", np.concatenate)
 
 
 @_registry.implements(np.stack)
