@@ -38,7 +38,10 @@ def has_strided(placements: Sequence[Placement]) -> bool:
 
     Example: ``has_strided((Replicate(), _StridedShard(0, sf=8)))`` is True.
     """
-    return any(type(p) is _StridedShard for p in placements)
+    for p in placements:  # a loop: every reshape and view asks, and a generator costs
+        if type(p) is _StridedShard:
+            return True
+    return False
 
 
 def _codes(placements) -> tuple:

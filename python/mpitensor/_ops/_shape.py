@@ -528,9 +528,7 @@ def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
     # The shape as given names the operation when it is plain ints (the input's
     # shape, in its layout, fixes the target); anything else is parsed first, so
     # that 2.0 or True meet NumPy's errors rather than hash like 2 and 1.
-    given = (shape if type(shape) is int else tuple(shape)
-             if type(shape) in (tuple, list) and all(type(n) is int for n in shape)
-             else None)
+    given = shape if type(shape) is int else _ints(shape)
     if given is None:
         given = _target_shape(math.prod(src), shape, order)
     elif order not in ("C", "A"):
@@ -538,6 +536,16 @@ def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
 
     out = _reshaped(a, given, shape, order, copy)
     return _as_numpy_gives(a, out, copy, program) if program else out
+
+
+def _ints(shape):
+    """``shape`` as a tuple when it is a tuple or list of plain ints, else None."""
+    if type(shape) is not tuple and type(shape) is not list:
+        return None
+    for n in shape:
+        if type(n) is not int:
+            return None
+    return tuple(shape)
 
 
 def _reshaped(a, given, shape, order, copy):
@@ -558,7 +566,7 @@ def _reshaped(a, given, shape, order, copy):
     # The engine lets a Shard through only where the shares scale, so this rank's
     # elements are exactly its box of the output.
     return D.execute(("reshape", given), (a,), build,
-                     _reshape_copy if copy else np.reshape, box=True)
+                     _reshape_copy if copy else np.ndarray.reshape, box=True)
 
 
 def _as_numpy_gives(a, out, copy, program: int):
@@ -590,26 +598,28 @@ def _blocks_reshaped(a, out) -> bool:
     if type(out) is not DTensor or _memory_of(out._data()) is not _memory_of(a._data()):
         return False
     spec = a._spec
-    shape, sharded = spec.shape, 0
+    shape, sharded, mesh_shape = spec.shape, 0, None
+    if 0 in shape:
+        return False
     for m, p in enumerate(spec.placements):
         kind = type(p)
         if kind is Shard:
-            if sharded >> p.dim & 1:
+            d = p.dim
+            if sharded >> d & 1:
                 return False  # a dim two mesh dims shard: its blocks are nested
-            sharded |= 1 << p.dim
-            n, k = shape[p.dim], spec.mesh._mesh.shape[m]
-            step = -(-n // k) if n else 1
-            if -(-n // step) < k:  # torch.chunk leaves the last ranks empty
+            sharded |= 1 << d
+            if mesh_shape is None:
+                mesh_shape = spec.mesh._mesh.shape
+            n, k = shape[d], mesh_shape[m]
+            if -(-n // -(-n // k)) < k:  # torch.chunk leaves the last ranks empty
                 return False
-        elif kind not in _PLAIN_KINDS:
+        elif kind is not Replicate and kind is not Partial:
             return False
     for p in out._spec.placements:
-        if type(p) not in _PLAIN_KINDS:
+        kind = type(p)
+        if kind is not Shard and kind is not Replicate and kind is not Partial:
             return False
-    return 0 not in shape
-
-
-_PLAIN_KINDS = (Shard, Replicate, Partial)
+    return True
 
 
 def _numpy_copies(a, target) -> bool:
@@ -640,8 +650,12 @@ def _view(a, src, shape, order, copy, plain):
     _StridedShard, mpitensor._strided); of a strided input's plain expansion, any
     view the core finds. None otherwise."""
     placements = a._spec.placements
-    if plain and not any(type(p) is Shard and p.dim > 0 for p in placements):
-        return None
+    if plain:
+        for p in placements:
+            if type(p) is Shard and p.dim > 0:
+                break
+        else:
+            return None
     target = _target_shape(math.prod(src), shape, order)
     if plain and len(target) >= len(src):
         return None
