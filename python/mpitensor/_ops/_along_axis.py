@@ -96,6 +96,23 @@ def along_axes(name, a, axes, compute, *, linear, out_dim=None, result=None):
     _check(name, a)
     spec = a._spec
     mesh = spec.mesh
+    if out_dim is None and mesh._coordinate is not None and _lanes_here(spec, axes):
+        # Every lane is whole on its rank already: NumPy on the block, no move,
+        # where the block holds lanes (an empty one takes the stand-in below).
+        mine = a.to_local()
+        if mine.size or axes is None:
+            local = np.asarray(compute(mine))
+            shape = local.shape
+            if axes is not None:  # the dims outside the lanes are global
+                shape = list(shape)
+                for k, n in enumerate(spec.shape):
+                    if k not in axes:
+                        shape[k] = n
+                shape = tuple(shape)
+            if _modes.state.tracing:
+                _trace.local(name, [a], spec.placements)
+            return DTensor(local, DTensorSpec(mesh, spec.placements, shape, local.dtype,
+                                              contiguous_strides(shape)))
     target = lanes_layout(a, axes, linear, result)
     a = D.relayout(name, a, target)
     out_dim = out_dim or (lambda k: k)
@@ -128,11 +145,24 @@ def along_axes(name, a, axes, compute, *, linear, out_dim=None, result=None):
                                       contiguous_strides(shape)))
 
 
+def _lanes_here(spec, axes) -> bool:
+    """Whether every lane along ``axes`` (None: the flattened array) is whole on
+    its rank, with nothing to reduce: no Partial, and no mesh dim shards ``axes``
+    (any dim, for None). Local."""
+    for p in spec.placements:
+        kind = type(p)
+        if kind is not Replicate and (kind is not Shard or axes is None or p.dim in axes):
+            return False
+    return True
+
+
 def _axis(name, a, axis):
     """One axis, or None (the flattened array)."""
     _check(name, a)
     if axis is None:
         return None
+    if type(axis) is int and 0 <= axis < len(a._spec.shape):
+        return (axis,)
     return normalize_axis_tuple(operator.index(axis), a.ndim)
 
 
@@ -870,6 +900,22 @@ def _lane_totals(x, ax, op):
     return np.ascontiguousarray(ufunc.reduce(x, axis=ax, dtype=x.dtype))
 
 
+def _result_dtype(func, dtype, given):
+    """The dtype ``func`` (cumsum, cumprod) gives for elements of ``dtype`` and its
+    ``dtype=`` argument ``given``, asked of NumPy once per kind of call."""
+    try:
+        key = (func, dtype, given)
+        hit = _RESULT_DTYPES.get(key)
+    except TypeError:  # an unhashable dtype= argument: NumPy judges it
+        return func(np.zeros(1, dtype), dtype=given).dtype
+    if hit is None:
+        hit = _RESULT_DTYPES[key] = func(np.zeros(1, dtype), dtype=given).dtype
+    return hit
+
+
+_RESULT_DTYPES: dict = {}
+
+
 def _cumulative(func, linear, op):
     name = f"numpy.{func.__name__}"
 
@@ -885,7 +931,7 @@ def _cumulative(func, linear, op):
             a, axis, axes = _flatten.flatten(name, a)[0], 0, (0,)
         # An int8 sum accumulates in int64, a float one cast by dtype= truncates:
         # a Partial passes only when each rank's part converts exactly.
-        result = func(np.zeros(1, a.dtype), dtype=dtype).dtype
+        result = _result_dtype(func, a.dtype, dtype)
         if axes is not None:
             if any(p.is_shard() and p.dim == axes[0] for p in a._spec.placements):
                 return _scan(name, a, axes[0], lambda x: func(x, axis=axis, dtype=dtype),
