@@ -104,7 +104,7 @@ int mt__shm_create(MPI_Comm comm, mt__shm **out, mt_error *err) {
     rc = MT__BLOCKING("MPI_Allreduce",
                       MPI_Allreduce(&mapped, &all, 1, MPI_INT, MPI_MIN, comm));
   if (me == 0 && name[0] != '\0') shm_unlink(name); /* every member has opened it */
-  if (rc != MPI_SUCCESS || !all) {
+  if (rc != MPI_SUCCESS || !all || s == NULL) { /* all: every member's s too */
     if (slots != NULL) munmap(slots, bytes);
     free(s);
     return rc == MPI_SUCCESS ? MT_OK : mt_mpi_error(err, rc, "MPI_Allreduce");
