@@ -26,6 +26,8 @@ The calls, on a 1-D mesh over all ranks, float64 (8, 8) operands:
 * ``np.concatenate``     ``(a, b)`` along axis 1 (unsharded)
 * ``x.reshape(-1, 2)``   a view of the local block, NumPy's view semantics agreed
 * ``np.flip(x, 1)``      a view along an unsharded axis, the same
+* ``np.cumsum(x, 1)``    a scan along an unsharded axis
+* ``np.sort(x, 1)``      a sort along an unsharded axis
 
 Writes benchmarks/results/<cpu>/call_cost-np{N}.json.
 """
@@ -66,6 +68,8 @@ def calls(mt, np, mesh):
                            lambda: np.concatenate((la, lb), axis=1)),
         "x.reshape(-1, 2)": (lambda: a.reshape(-1, 2), lambda: la.reshape(-1, 2)),
         "np.flip(x, 1)": (lambda: np.flip(a, 1), lambda: np.flip(la, 1)),
+        "np.cumsum(x, 1)": (lambda: np.cumsum(a, 1), lambda: np.cumsum(la, 1)),
+        "np.sort(x, 1)": (lambda: np.sort(a, 1), lambda: np.sort(la, 1)),
     }
 
 
