@@ -148,15 +148,15 @@ def program_call(func) -> int:
     return v[1]
 
 
-def _traced(func, args: tuple, kwargs: dict, name, from_c: bool):
+def _traced(func, args: tuple, kwargs: dict, name, from_c: bool, flags: int = -1):
     """:func:`_entry`, opened and closed in the trace of each entered DebugMode, so
     that the operations it runs nest under the call."""
     if not _modes.recorders:
-        return _entry(func, args, kwargs, name, from_c)
+        return _entry(func, args, kwargs, name, from_c, flags)
     token = _trace.call_enter(_label(func, args, name), args, kwargs)
     result = None
     try:
-        result = _entry(func, args, kwargs, name, from_c)
+        result = _entry(func, args, kwargs, name, from_c, flags)
         return result
     finally:
         _trace.call_exit(token, result)
@@ -168,7 +168,7 @@ def _entry(func, args: tuple, kwargs: dict, name, from_c: bool, flags: int = -1)
     the ufuncs' entry gathers itself). ``flags``: ``_C.call_flags`` of the
     arguments when known (-1 otherwise)."""
     if from_c:
-        return _run(func, args, kwargs, True)
+        return _run(func, args, kwargs, True, flags)
     try:
         return _run(func, args, kwargs, False, flags)
     except NoRule as e:
@@ -185,13 +185,16 @@ def door_from_c(func, args: tuple, kwargs: dict, agreed: bool = False):
 
     Example: ``door_from_c(np.sum, (dt,), {"dtype": np.float32})``.
     """
-    if not agreed:
-        _call_agreement.agree_call(_label(func, args), args, kwargs, sys._getframe(1))
-    if not _C.call_flags(args, kwargs) & _PLAIN:
-        return _traced(func, args, kwargs, None, True)
+    if agreed:
+        flags = _C.call_flags(args, kwargs)
+    else:
+        flags = (_call_agreement.agree_call(_label(func, args), args, kwargs, sys._getframe(1))
+                 >> _call_agreement.CALL_FLAGS)
+    if not flags & _PLAIN:
+        return _traced(func, args, kwargs, None, True, flags)
     _modes.push_implicit_replication()
     try:
-        return _traced(func, args, kwargs, None, True)
+        return _traced(func, args, kwargs, None, True, flags)
     finally:
         _modes.pop_implicit_replication()
 

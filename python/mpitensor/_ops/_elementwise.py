@@ -90,16 +90,16 @@ def array_ufunc(ufunc, method, *operands, **kwargs):
 
 
 def _array_ufunc(ufunc, method, *operands, **kwargs):
-    name = f"numpy.{ufunc.__name__}"
-    if method == "reduce" and ufunc in (np.logaddexp, np.logaddexp2):
-        return logaddexp_reduce(ufunc, *operands, **kwargs)
     if method != "__call__":
+        if method == "reduce" and ufunc in (np.logaddexp, np.logaddexp2):
+            return logaddexp_reduce(ufunc, *operands, **kwargs)
         return _ufunc_methods.method(ufunc, method, operands, kwargs)
+    name = _name_of(ufunc)
     gufunc = _linalg.GUFUNCS.get(ufunc)
     if (gufunc is not None and len(operands) == 2 and set(kwargs) <= gufunc[1]
             and all(type(x) is DTensor for x in operands)):
         return gufunc[0](*operands, **kwargs)  # the contraction it is
-    if not _register_one(ufunc):
+    if ufunc not in _registered and not _register_one(ufunc):
         raise _registry.NoRule(f"{name} has no sharding rule for DTensors in mpitensor")
     for k in kwargs:
         if k not in _KWARGS:
@@ -119,8 +119,11 @@ def _array_ufunc(ufunc, method, *operands, **kwargs):
     outs = kwargs.pop("out", None)
     if outs is None:
         return D.execute(ufunc, operands, kwargs=kwargs or None)
-    if len(outs) != ufunc.nout or any(type(o) is not DTensor for o in outs):
+    if len(outs) != ufunc.nout:
         raise TypeError(f"{name}: out= must be {ufunc.nout} DTensor(s)")
+    for o in outs:
+        if type(o) is not DTensor:
+            raise TypeError(f"{name}: out= must be {ufunc.nout} DTensor(s)")
     mesh = D.same_mesh(name, inputs + list(outs))
 
     def run():
@@ -131,13 +134,29 @@ def _array_ufunc(ufunc, method, *operands, **kwargs):
                            out_shape)
 
     # An output that basic indexing made is written through to its base.
+    if len(outs) == 1:
+        return _views.write(outs[0], run)
     for o in outs:
         run = functools.partial(_views.write, o, run)
     return run()
 
 
+def _name_of(ufunc) -> str:
+    """``numpy.<name>`` of a ufunc, made once."""
+    name = _NAMES.get(ufunc)
+    if name is None:
+        name = _NAMES[ufunc] = f"numpy.{ufunc.__name__}"
+    return name
+
+
+_NAMES: dict = {}
+
+
 def _fits(out_pl, out_shape, outs) -> bool:
-    return all(o._spec.placements == out_pl and o._spec.shape == out_shape for o in outs)
+    for o in outs:
+        if o._spec.placements != out_pl or o._spec.shape != out_shape:
+            return False
+    return True
 
 
 def _follow_out(mesh, ufunc, operands, pattern, kwargs, o, out_pl, out_shape):
@@ -195,14 +214,14 @@ def _into_outs(mesh, ufunc, operands, kwargs, outs, out_pl, out_shape):
     they have the result's placements and shape, else into new arrays that are
     then redistributed to the outputs' placements and copied in."""
     for o in outs:
-        if o.shape != out_shape:
+        if o._spec.shape != out_shape:
             raise ValueError(f"numpy.{ufunc.__name__}: out= has shape {o.shape}, the "
                              f"result has shape {out_shape}")
     if _fits(out_pl, out_shape, outs):
         if mesh._coordinate is None:
             D.execute(ufunc, operands, kwargs=kwargs or None)
         else:
-            into = tuple(o._data() for o in outs)
+            into = (outs[0]._data(),) if len(outs) == 1 else tuple(o._data() for o in outs)
             D.execute(ufunc, operands, None, lambda *ls: ufunc(*ls, out=into, **kwargs))
         return outs[0] if len(outs) == 1 else outs
     result = D.execute(ufunc, operands, kwargs=kwargs or None)
