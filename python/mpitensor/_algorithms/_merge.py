@@ -382,11 +382,17 @@ def logical(name, a, axis, keepdims, every):
     Example: ``logical("numpy.all", dt, 0, False, True)`` is ``np.all(dt, axis=0)``.
     """
     func = np.all if every else np.any
-    a = _unpartial(name, a)
     spec = a._spec
+    for p in spec.placements:
+        if type(p) is Partial:
+            a = _unpartial(name, a)
+            spec = a._spec
+            break
     mesh = spec.mesh
     ndim = len(spec.shape)
-    axes = tuple(range(ndim)) if axis is None else normalize_axis_tuple(axis, ndim)
+    axes = (tuple(range(ndim)) if axis is None else
+            (axis,) if type(axis) is int and 0 <= axis < ndim else
+            normalize_axis_tuple(axis, ndim))
     placements, shape = _out_spec(a, axes, keepdims, np.bool_)
     gathered = _sharded_reduced(a, axes)
     partial = Partial("min" if every else "max")
@@ -413,7 +419,9 @@ def _logical_local(func, local, axes: tuple, keepdims: bool):
             shape = tuple(1 if i in axes else n for i, n in enumerate(local.shape)
                           if keepdims or i not in axes)
             return np.full(shape, value)
-    return func(local, axis=axes, keepdims=keepdims)
+    # The method: NumPy's function would only wrap it.
+    reduce = local.all if func is np.all else local.any
+    return reduce(axis=axes, keepdims=keepdims)
 
 
 # -- max and min over empty shards ---------------------------------------------------
