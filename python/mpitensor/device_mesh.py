@@ -254,9 +254,11 @@ class DeviceMesh(_C.MeshBase):
         # made over its communicator whose dims derived meshes slice (carriers).
         self._flatten_mapping: dict[str, DeviceMesh] = {}
         self._carriers: list[DeviceMesh] = []
-        # Parsed basic-indexing keys (FIFO, bounded); every decision and plan of
-        # operations and redistributes lives in the C base's memo.
+        # Parsed basic-indexing keys, and the reshapes of each rank's block in
+        # place (FIFO, bounded); every decision and plan of operations and
+        # redistributes lives in the C base's memo.
         self._index_keys: dict = {}
+        self._block_reshapes: dict = {}
         # Operands on equal meshes mix in the executor, which compares these keys.
         self._equal_key = (fingerprint(self._key()) & 0xFFFFFFFFFFFFFFFF) or 1
         # A Replicate DTensor mixes into operations on meshes of the same ranks.
@@ -1108,4 +1110,5 @@ def set_cache_limits(*, decisions: int | None = None, layouts: int | None = None
     for mesh in list(_live_meshes.values()):
         mesh._set_cache_limits(_limits["decisions"], _limits["plans"], _limits["layouts"])
         mesh._index_keys.clear()
+        mesh._block_reshapes.clear()
     return dict(_limits)

@@ -166,6 +166,11 @@ def test_a_reshape_is_a_view_only_where_every_ranks_block_allows_it(fortran_on):
     mesh = mesh_of((W,))
     rank = mesh.get_coordinate()[0]
     full = np.arange(W * 4 * 3.0).reshape(W * 4, 3)
+    # The same layout reshaped before, from C-ordered blocks: each mesh files such a
+    # reshape, and the next one of the layout must still look at the blocks.
+    before = mt.DTensor.from_local(full[4 * rank:4 * rank + 4].copy(), mesh, [S0])
+    before.reshape(-1)[0] = 5.0
+    assert_matches(before, np.where(np.arange(full.size).reshape(full.shape) == 0, 5.0, full))
     local = full[4 * rank:4 * rank + 4].copy()
     if fortran_on == "all" or fortran_on == "last" and rank == W - 1:
         local = np.asfortranarray(local)
@@ -176,6 +181,9 @@ def test_a_reshape_is_a_view_only_where_every_ranks_block_allows_it(fortran_on):
     if fortran_on == "none":
         full[...] = -1.0
     assert_matches(a, full)
+    a[0, 0] = 9.0
+    full[0, 0] = 9.0
+    assert_matches(ours, full.reshape(-1) if fortran_on == "none" else np.full(full.size, -1.0))
 
 
 @pytest.mark.parametrize("order", ["C", "F", "A", "K"])

@@ -33,7 +33,7 @@ import operator
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
-from .. import _call_agreement, _comm, _registry
+from .. import _call_agreement, _comm, _modes, _registry
 from .. import _strided as _layouts
 from .._dtensor import DTensor
 from .._algorithms import _dispatch as D
@@ -519,6 +519,17 @@ def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
     program = _registry.program_call(np.reshape)
     if shape is None:
         shape = newshape
+    ints = shape if type(shape) is int else _ints(shape)
+    if (program & _call_agreement.CONTIGUOUS and ints is not None and copy is None
+            and order == "C" and not _modes.state.tracing):
+        spec = a._spec
+        hit = spec.mesh._block_reshapes.get((ints, spec.placements, spec.shape, spec.dtype))
+        if hit is not None:
+            # This layout's reshape reshaped each rank's block in place before: with
+            # every block C-contiguous (agreed), it does again, a view everywhere.
+            local = a._data()
+            if local.shape == hit[2]:
+                return DTensor(local.reshape(hit[1]), hit[0])
     if shape is None:
         raise TypeError("numpy.reshape: the shape is required")
     if copy is False:
@@ -528,14 +539,31 @@ def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
     # The shape as given names the operation when it is plain ints (the input's
     # shape, in its layout, fixes the target); anything else is parsed first, so
     # that 2.0 or True meet NumPy's errors rather than hash like 2 and 1.
-    given = shape if type(shape) is int else _ints(shape)
+    given = ints
     if given is None:
         given = _target_shape(math.prod(src), shape, order)
     elif order not in ("C", "A"):
         _target_shape(math.prod(src), shape, order)  # raises NumPy's error
 
     out = _reshaped(a, given, shape, order, copy)
-    return _as_numpy_gives(a, out, copy, program) if program else out
+    if not program:
+        return out
+    return _as_numpy_gives(a, out, copy, program, ints if order == "C" else None)
+
+
+def _remember_block_reshape(a, given, out) -> None:
+    """Files the reshape of ``a`` to ``given`` that reshaped each rank's block in
+    place, for the next one of this layout (the mesh's bounded FIFO). Local."""
+    spec = a._spec
+    cache = spec.mesh._block_reshapes
+    if len(cache) >= _BLOCK_RESHAPES:
+        del cache[next(iter(cache))]
+    cache[(given, spec.placements, spec.shape, spec.dtype)] = (
+        out._spec, out._data().shape, a._data().shape)
+
+
+# The reshapes of blocks in place each mesh keeps.
+_BLOCK_RESHAPES = 256
 
 
 def _ints(shape):
@@ -569,15 +597,19 @@ def _reshaped(a, given, shape, order, copy):
                      _reshape_copy if copy else np.ndarray.reshape, box=True)
 
 
-def _as_numpy_gives(a, out, copy, program: int):
+def _as_numpy_gives(a, out, copy, program: int, given=None):
     """A program's reshape as NumPy gives it: a view of ``a`` where NumPy's is one,
     which a write reaches ``a`` through and which shows the writes into ``a`` even
     where the elements moved; else a copy that shares no memory with ``a``.
-    ``program``: the agreement's flags. Collective on the mesh (one small
-    all-reduce) but for ``copy=True`` and a reshape of each rank's block in place."""
+    ``program``: the agreement's flags; ``given``: the shape as the call gave it,
+    plain ints, under which a reshape of each rank's block in place is filed for
+    the next call. Collective on the mesh (one small all-reduce) but for
+    ``copy=True`` and a reshape of each rank's block in place."""
     if copy:
         return _views.fresh(a, out)
     if program & _call_agreement.CONTIGUOUS and _blocks_reshaped(a, out):
+        if given is not None:
+            _remember_block_reshape(a, given, out)
         return out
     target = out.shape
 
