@@ -259,10 +259,13 @@ def _sorting(func):
             raise _registry.NoRule(f"{name}: order= (structured fields) is not supported on "
                                    f"DTensors")
         axes = _axis(name, a, axis)
-        if _flat_sample_sort(a, axes):
-            return S.sort_flat(name, a, func is np.argsort)
-        if _lane_sample_sort(a, axes):
-            return _sort_lanes(name, a, axes[0], func is np.argsort)
+        # Lanes whole on their ranks sort where they are; else a sample sort may
+        # keep the axis sharded.
+        if axes is None or not _lanes_here(a._spec, axes):
+            if _flat_sample_sort(a, axes):
+                return S.sort_flat(name, a, func is np.argsort)
+            if _lane_sample_sort(a, axes):
+                return _sort_lanes(name, a, axes[0], func is np.argsort)
         return along_axes(name, a, axes,
                           lambda x: func(x, axis=axis, kind=kind, **kwargs), linear=False)
     impl.__name__ = func.__name__
