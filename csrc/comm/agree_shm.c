@@ -49,13 +49,20 @@ static inline void relax(void) {
 #endif
 }
 
-/* The cores this process may run on (its affinity mask, which a container's CPU
- * set also limits). */
-static int cores(void) {
+/* Collective on `comm`. The cores the members may run on, all together: the union
+ * of their affinity masks (which MPI's binding and a container's CPU set limit),
+ * the same number on every member; 0 where a mask cannot be read. */
+static int shared_cores(MPI_Comm comm, int *cores) {
   cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? (int)n : 1;
+  CPU_ZERO(&set);
+  int readable = sched_getaffinity(0, sizeof set, &set) == 0, all = 0;
+  int rc = MT__BLOCKING("MPI_Allreduce", MPI_Allreduce(MPI_IN_PLACE, &set, (int)sizeof set,
+                                                        MPI_BYTE, MPI_BOR, comm));
+  if (rc == MPI_SUCCESS)
+    rc = MT__BLOCKING("MPI_Allreduce",
+                      MPI_Allreduce(&readable, &all, 1, MPI_INT, MPI_MIN, comm));
+  *cores = all ? CPU_COUNT(&set) : 0;
+  return rc;
 }
 
 /* A name no other segment has: the creator's pid, the address its mesh keeps the
@@ -94,12 +101,12 @@ int mt__shm_create(MPI_Comm comm, mt__shm **out, mt_error *err) {
   if (rc == MPI_SUCCESS && me != 0 && name[0] != '\0') slots = map(name, 0, bytes);
   mt__shm *s = malloc(sizeof *s);
   /* Every member uses the segment, or none does (MPI's all-reduce then): none
-   * where there are more members than cores, since a member waiting for another
-   * in memory would take the core that one needs (MPI's progress loop yields
-   * better). A member bound to one core (MPI binds one rank a core) has it to
-   * itself. */
-  int n = cores();
-  int mapped = slots != NULL && s != NULL && (n == 1 || members <= n), all = 0;
+   * where the members are more than the cores they may run on, since a member
+   * waiting for another in memory would take the core that one needs (MPI's
+   * progress loop yields better). */
+  int cores = 0;
+  if (rc == MPI_SUCCESS) rc = shared_cores(comm, &cores);
+  int mapped = slots != NULL && s != NULL && members <= cores, all = 0;
   if (rc == MPI_SUCCESS)
     rc = MT__BLOCKING("MPI_Allreduce",
                       MPI_Allreduce(&mapped, &all, 1, MPI_INT, MPI_MIN, comm));

@@ -165,10 +165,10 @@ MT_EXPORT int mt_mesh_direct_read(const mt_mesh *mesh);
 
 /* Local. 1 when this member's agreements on the mesh (mt_agree, mt_mesh_any) meet
  * in memory the members share, not in an MPI all-reduce: a created mesh whose
- * members are on one node, no more than the cores each may run on (or each bound
- * to one), and could map a segment of POSIX shared memory; 0 for a slice (its own
- * communicator), a mesh over nodes or over more ranks than cores, or a rank
- * outside it. */
+ * members are on one node, no more than the cores they may run on together
+ * (their affinity masks), and could map a segment of POSIX shared memory; 0 for a
+ * slice (its own communicator), a mesh over nodes or over more ranks than cores,
+ * or a rank outside it. */
 MT_EXPORT int mt_mesh_shared_agreement(const mt_mesh *mesh);
 
 /* How the members of a mesh lie on nodes (the ranks MPI_Comm_split_type SHARED
