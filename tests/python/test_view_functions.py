@@ -275,3 +275,14 @@ def test_view_with_a_dtype_that_differs_by_rank_raises_on_every_rank():
     dtype = np.int64 if MPI.COMM_WORLD.rank == 0 else np.uint64
     with pytest.raises(ValueError):
         a.view(dtype)
+
+
+@pytest.mark.parametrize("axis", [None, ()])
+def test_a_flip_of_a_0d_dtensor_is_its_value(axis):
+    """NumPy's flip of a 0-d array is its scalar, a new value: the DTensor's is a
+    0-d DTensor holding an array, which indexing reads."""
+    mesh = mesh_of((W,))
+    z = mt.distribute_tensor(np.array(2.5), mesh, [R])
+    f = np.flip(z, axis)
+    assert isinstance(f.to_local(), np.ndarray) and f.shape == ()
+    assert float(f[()].full_tensor()) == 2.5

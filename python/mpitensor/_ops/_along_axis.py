@@ -391,7 +391,8 @@ def _flipped_blocks(m, axis):
         spec = spec._replace(stride=contiguous_strides(spec.shape))
     if _modes.state.tracing:
         _trace.local("numpy.flip", [m], spec.placements)
-    return DTensor(np.flip(local, axes), spec)
+    # NumPy's flip of a 0-d array is a scalar: a DTensor holds an array.
+    return DTensor(np.asarray(np.flip(local, axes)), spec)
 
 
 def _flipped(m, axis):
