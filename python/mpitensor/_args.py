@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+from numpy.lib.array_utils import normalize_axis_tuple
 
 from . import _clib, _comm, _dtypes
 from .device_mesh import DeviceMesh, _current_mesh
@@ -90,6 +91,20 @@ def reject_partial(placements: Sequence[Placement], what: str) -> None:
                 f"{what} creates Shard or Replicate tensors, got {p!r}; build Partial "
                 f"tensors with DTensor.from_local"
             )
+
+
+def axes(axis, ndim: int) -> tuple[int, ...]:
+    """NumPy's normalisation of an ``axis`` argument of an ``ndim``-dim array: None
+    is every axis; an int in range is taken as it is, without NumPy's parse, which
+    a call on a small array would feel. Local.
+
+    Example: ``axes(-1, 3) == (2,)``.
+    """
+    if axis is None:
+        return tuple(range(ndim))
+    if type(axis) is int and 0 <= axis < ndim:
+        return (axis,)
+    return normalize_axis_tuple(axis, ndim)
 
 
 def holds(dtype: np.dtype) -> bool:

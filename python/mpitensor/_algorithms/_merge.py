@@ -21,7 +21,7 @@ import warnings
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from .. import _registry
+from .. import _args, _registry
 from .._bind import core
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
@@ -390,9 +390,7 @@ def logical(name, a, axis, keepdims, every):
             break
     mesh = spec.mesh
     ndim = len(spec.shape)
-    axes = (tuple(range(ndim)) if axis is None else
-            (axis,) if type(axis) is int and 0 <= axis < ndim else
-            normalize_axis_tuple(axis, ndim))
+    axes = _args.axes(axis, ndim)
     placements, shape = _out_spec(a, axes, keepdims, np.bool_)
     gathered = _sharded_reduced(a, axes)
     partial = Partial("min" if every else "max")

@@ -30,7 +30,7 @@ import numpy as np
 from numpy.lib import _function_base_impl as _npq
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from .. import _comm, _dtypes, _factories, _modes, _registry, _trace
+from .. import _args, _comm, _dtypes, _factories, _modes, _registry, _trace
 from .._clib import CORE
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
@@ -102,6 +102,11 @@ def along_axes(name, a, axes, compute, *, linear, out_dim=None, result=None):
         mine = a.to_local()
         if mine.size or axes is None:
             local = np.asarray(compute(mine))
+            if _modes.state.tracing:
+                _trace.local(name, [a], spec.placements)
+            if (local.shape == mine.shape and local.dtype == spec.dtype
+                    and spec.stride == contiguous_strides(spec.shape)):
+                return DTensor(local, spec)  # a flip, a sort: the input's layout
             shape = local.shape
             if axes is not None:  # the dims outside the lanes are global
                 shape = list(shape)
@@ -109,8 +114,6 @@ def along_axes(name, a, axes, compute, *, linear, out_dim=None, result=None):
                     if k not in axes:
                         shape[k] = n
                 shape = tuple(shape)
-            if _modes.state.tracing:
-                _trace.local(name, [a], spec.placements)
             return DTensor(local, DTensorSpec(mesh, spec.placements, shape, local.dtype,
                                               contiguous_strides(shape)))
     target = lanes_layout(a, axes, linear, result)
@@ -161,17 +164,13 @@ def _axis(name, a, axis):
     _check(name, a)
     if axis is None:
         return None
-    if type(axis) is int and 0 <= axis < len(a._spec.shape):
-        return (axis,)
-    return normalize_axis_tuple(operator.index(axis), a.ndim)
+    return _args.axes(operator.index(axis), len(a._spec.shape))
 
 
 def _axes(name, a, axis):
     """An int, a tuple of ints, or None (every axis)."""
     _check(name, a)
-    if axis is None:
-        return tuple(range(a.ndim))
-    return normalize_axis_tuple(axis, a.ndim)
+    return _args.axes(axis, len(a._spec.shape))
 
 
 def _sharding_one(a, axes):
@@ -363,36 +362,13 @@ def flip(m, axis=None):
     Example: ``np.flip(dt, 1)`` of a ``[Shard(0)]`` DTensor stays ``[Shard(0)]``.
     """
     program = _registry.program_call(np.flip)
-    out = _flipped_blocks(m, axis)
-    if out is not None:
-        return out
+    axes = _axes("numpy.flip", m, axis)
+    if _lanes_here(m._spec, axes):
+        # Each block flipped where it is: NumPy's view of it on every rank, so no
+        # rank needs to hear whether another's elements moved.
+        return along_axes("numpy.flip", m, axes, lambda x: np.flip(x, axes), linear=True)
     out = _flipped(m, axis)
     return _flip.as_view(m, out, axis, lambda p: _flipped(p, axis)) if program else out
-
-
-def _flipped_blocks(m, axis):
-    """np.flip of ``m`` along axes no mesh dim shards, on a member of the mesh, no
-    Partial among its placements: each rank's block flipped, a view of the block on
-    every rank, as NumPy's flip is of its array (so no rank needs to hear whether
-    another's moved). None for any other flip. Local."""
-    if type(m) is not DTensor:
-        return None
-    spec = m._spec
-    n = len(spec.shape)
-    axes = (tuple(range(n)) if axis is None else (axis,) if type(axis) is int and 0 <= axis < n
-            else normalize_axis_tuple(axis, n))
-    for p in spec.placements:
-        if not (type(p) is Replicate or type(p) is Shard and p.dim not in axes):
-            return None
-    local = m._data()
-    if local.ndim != n:  # a rank outside the mesh holds a stand-in
-        return None
-    if spec.stride != contiguous_strides(spec.shape):
-        spec = spec._replace(stride=contiguous_strides(spec.shape))
-    if _modes.state.tracing:
-        _trace.local("numpy.flip", [m], spec.placements)
-    # NumPy's flip of a 0-d array is a scalar: a DTensor holds an array.
-    return DTensor(np.asarray(np.flip(local, axes)), spec)
 
 
 def _flipped(m, axis):

@@ -99,7 +99,7 @@ def _array_ufunc(ufunc, method, *operands, **kwargs):
     if (gufunc is not None and len(operands) == 2 and set(kwargs) <= gufunc[1]
             and all(type(x) is DTensor for x in operands)):
         return gufunc[0](*operands, **kwargs)  # the contraction it is
-    if ufunc not in _registered and not _register_one(ufunc):
+    if not _register_one(ufunc):
         raise _registry.NoRule(f"{name} has no sharding rule for DTensors in mpitensor")
     for k in kwargs:
         if k not in _KWARGS:
