@@ -1,7 +1,8 @@
 /* The agreement primitive (agree.h) over a communicator: the lowest failing rank
  * and the minima of the values in one all-reduce (MPI's, or in shared memory on a
- * mesh of one node: agree_shm.c), then that rank's mt_error in one MPI_Bcast. It calls nothing of the meshes, so that creating a mesh can agree
- * (mesh.c); mt_agree, on a mesh, is in agree_mesh.c. */
+ * mesh of one node: agree_shm.c), then that rank's mt_error in one MPI_Bcast. It
+ * calls nothing of the meshes, so that creating a mesh can agree (mesh.c);
+ * mt_agree, on a mesh, is in agree_mesh.c. */
 #include "mpitensor/comm/agree.h"
 
 #include <stdio.h>

@@ -102,8 +102,8 @@ int mt__shm_create(MPI_Comm comm, mt__shm **out, mt_error *err) {
   mt__shm *s = malloc(sizeof *s);
   /* Every member uses the segment, or none does (MPI's all-reduce then): none
    * where the members are more than the cores they may run on, since a member
-   * waiting for another in memory would take the core that one needs (MPI's
-   * progress loop yields better). */
+   * spinning for another would take the core that one needs; Open MPI's progress
+   * loop yields at once when it finds itself oversubscribed. */
   int cores = 0;
   if (rc == MPI_SUCCESS) rc = shared_cores(comm, &cores);
   int mapped = slots != NULL && s != NULL && members <= cores, all = 0;

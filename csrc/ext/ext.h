@@ -558,9 +558,6 @@ static inline int mt_ext_numeric(PyObject *o) {
   const PyArray_Descr *t = PyArray_DESCR((PyArrayObject *)o);
   return t->kind != 0 && strchr("biufc", t->kind) != NULL && PyArray_ISNBO(t->byteorder);
 }
-/* Whether a plain numeric ndarray (not 0-d) is among `args` and `kwargs`' values or
- * in a list or tuple one: a call takes it as replicated once agreed
- * (ext_call_agreement.c). */
 /* What the Python door must do for a call with these arguments (ext_entry.c,
  * `_C.call_flags`): bit 0 a strided DTensor, bit 1 one that needs a gradient
  * (grad mode on, out= aside), bit 2 more than one mesh, bit 3 a plain numeric
