@@ -363,10 +363,17 @@ def flip(m, axis=None):
     """
     program = _registry.program_call(np.flip)
     axes = _axes("numpy.flip", m, axis)
-    if _lanes_here(m._spec, axes):
-        # Each block flipped where it is: NumPy's view of it on every rank, so no
-        # rank needs to hear whether another's elements moved.
-        return along_axes("numpy.flip", m, axes, lambda x: np.flip(x, axes), linear=True)
+    spec = m._spec
+    if _lanes_here(spec, axes) and spec.mesh._coordinate is not None:
+        # Each block flipped where it is, an empty one too: NumPy's view of it on
+        # every rank, so no rank needs to hear whether another's elements moved,
+        # and the views of it are filed under the same memory on every rank.
+        if _modes.state.tracing:
+            _trace.local("numpy.flip", [m], spec.placements)
+        if spec.stride != contiguous_strides(spec.shape):
+            spec = spec._replace(stride=contiguous_strides(spec.shape))
+        # NumPy's flip of a 0-d array is a scalar: a DTensor holds an array.
+        return DTensor(np.asarray(np.flip(m._data(), axes)), spec)
     out = _flipped(m, axis)
     return _flip.as_view(m, out, axis, lambda p: _flipped(p, axis)) if program else out
 
