@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from mpitensor import DeviceMesh, DTensor, Partial, Replicate, Shard, distribute_tensor
 from mpitensor.debug import CommDebugMode
 from ops_helpers import (CORNER_SHAPES, W, corner_layouts, make, matches_or_raises_alike,
-                         mesh_of, mesh_shapes, placements)
+                         mesh_of, mesh_shapes, mesh_shapes_1d_2d, placements)
 
 R, S0, S1 = Replicate(), Shard(0), Shard(1)
 
@@ -265,6 +265,35 @@ def test_reducing_a_sharded_axis_moves_the_result_only(name):
         elif mesh.ndim == 2:
             assert out.placements == (R, S0)
         check(out, getattr(np, name)(full, axis=0), full.dtype)
+
+
+@pytest.mark.parametrize("name", ["all", "any"])
+def test_all_and_any_of_the_whole_array_leave_a_bool_partial_per_sharding_mesh_dim(name):
+    """The whole array reduced (a mask asked ``if np.any(mask)``): each mesh dim
+    that shards a dim leaves the bool Partial, a Replicate stays, a Partial input
+    is reduced first; the same layout whether or not the call is the first of
+    its kind, and NumPy's value."""
+    partial = Partial("min" if name == "all" else "max")
+    func = getattr(np, name)
+    for mesh_shape in mesh_shapes_1d_2d():
+        mesh = mesh_of(mesh_shape)
+        full = np.random.default_rng(3).normal(size=(2 * W + 1, 3)) > -2.5
+        two = mesh.ndim == 2
+        for pls, expect in (((S0, R) if two else (S0,), (partial, R) if two else (partial,)),
+                            ((R, S1) if two else (R,), (R, partial) if two else (R,))):
+            dt = make(full, mesh, pls)
+            for _ in range(2):
+                with CommDebugMode() as mode:
+                    out = func(dt)
+                assert mode.get_total_counts() == 0
+                assert out.placements == expect and out.shape == () and out.dtype == bool
+                assert bool(out) == bool(func(full))
+        pair = make(np.stack([full, full]).astype(np.int64), mesh, (S0, R) if two else (S0,))
+        part = np.sum(pair, axis=0)
+        assert part.placements[0] == Partial()
+        out = func(part)
+        assert bool(out) == bool(func(full))
+        assert out.placements == ((R, R) if two else (R,))
 
 
 def test_argmax_ties_and_nans_take_the_lowest_index():

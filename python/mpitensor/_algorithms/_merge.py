@@ -381,8 +381,19 @@ def logical(name, a, axis, keepdims, every):
 
     Example: ``logical("numpy.all", dt, 0, False, True)`` is ``np.all(dt, axis=0)``.
     """
-    func = np.all if every else np.any
     spec = a._spec
+    if axis is None and not keepdims and spec.mesh._coordinate is not None:
+        # The whole array reduced, as masks are asked (``if np.any(mask)``): the
+        # output's placements follow from the input's alone, once found.
+        key = (spec.placements, every)
+        placements = _WHOLE.get(key)
+        if placements is None:
+            placements = _WHOLE[key] = _whole_placements(spec.placements, every)
+        if placements:
+            mine = a.to_local()
+            local = np.asarray(mine.all() if every else mine.any(), np.bool_)
+            return DTensor(local, DTensorSpec(spec.mesh, placements, (), _BOOL, ()))
+    func = np.all if every else np.any
     for p in spec.placements:
         if type(p) is Partial:
             a = _unpartial(name, a)
@@ -398,6 +409,25 @@ def logical(name, a, axis, keepdims, every):
     member = mesh.get_coordinate() is not None
     local = _logical_local(func, a.to_local(), axes, keepdims) if member else None
     return _wrap(mesh, placements, shape, local, np.bool_)
+
+
+_BOOL = np.dtype(np.bool_)
+# (input placements, every) -> the placements of that input's all/any over every
+# axis; () where the input has a Partial, which the general path reduces first.
+_WHOLE: dict = {}
+
+
+def _whole_placements(placements, every) -> tuple:
+    """Each Shard's mesh dim leaves a bool Partial of the reduction, a Replicate
+    stays; () for an input with a Partial."""
+    out = []
+    for p in placements:
+        if type(p) is Partial:
+            return ()
+        out.append(Partial("min" if every else "max") if p.is_shard() else Replicate())
+    if len(_WHOLE) > 256:
+        _WHOLE.clear()
+    return tuple(out)
 
 
 # Below this many elements a mask's reduce is as quick as the two flat passes.
