@@ -21,10 +21,8 @@ class DTensorSpec(NamedTuple):
     stride: tuple[int, ...]
 
 
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Row-major strides in elements, torch's meaning of ``stride()``: the core's
-    rule (a dim of size 0 counts as 1), so the specs Python and C make agree. Local.
-
-    Example: ``contiguous_strides((4, 0)) == (1, 1)``.
-    """
-    return core.contiguous_strides(shape)
+# Row-major strides in elements, torch's meaning of ``stride()``: the core's rule
+# (a dim of size 0 counts as 1), so the specs Python and C make agree; the core's
+# binding itself, since every DTensor made in Python asks it. Local.
+# Example: ``contiguous_strides((4, 0)) == (1, 1)``.
+contiguous_strides = core.contiguous_strides

@@ -319,14 +319,14 @@ def diff(a, n=1, axis=-1, prepend=np._NoValue, append=np._NoValue):
     """
     name = "numpy.diff"
     axes = _axis(name, a, axis)
-    if axes is not None and any(
+    plain = prepend is np._NoValue and append is np._NoValue
+    if not plain and axes is not None and any(
             extra is not np._NoValue and (isinstance(extra, DTensor) or np.ndim(extra))
             for extra in (prepend, append)):
         # NumPy's own way: the arrays joined along the axis, then differenced.
         parts = [_diff_part(v, a, axes[0]) for v in (prepend, a, append)
                  if v is not np._NoValue]
         return diff(np.concatenate(parts, axis=axes[0]), n, axes[0])
-    plain = prepend is np._NoValue and append is np._NoValue
     n = operator.index(n)
     if n < 0:
         raise ValueError(f"order must be non-negative but got {n!r}")
@@ -334,8 +334,13 @@ def diff(a, n=1, axis=-1, prepend=np._NoValue, append=np._NoValue):
     if plain and m is not None:
         # A halo of n rows from the next ranks, not a move of the whole axis.
         return _halo.diff_sharded(a, n, axes[0], m)
-    return along_axes(name, a, axes, lambda x: np.diff(x, n, axis, prepend, append),
+    return along_axes(name, a, axes, lambda x: _diff_ndarray(x, n, axis, prepend, append),
                       linear=plain)
+
+
+# NumPy's diff of an ndarray without its __array_function__ dispatch (NEP 18's
+# ``_implementation``): the local arrays are plain, no other type claims the call.
+_diff_ndarray = getattr(np.diff, "_implementation", np.diff)
 
 
 def _diff_part(v, a, axis):

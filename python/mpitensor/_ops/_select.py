@@ -145,14 +145,19 @@ def astype(a, dtype, copy=True):
     """DTensor.astype: placements kept (strided shards too), except that a Partial
     is reduced first unless the cast is exact (see the module notes). Local for
     exact casts and for inputs without Partials."""
-    dtype = np.dtype(dtype)
-    if dtype == a.dtype and not copy:
+    if type(dtype) is not np.dtype:
+        dtype = np.dtype(dtype)
+    s = a._spec
+    if not copy and dtype == s.dtype:
         # a new DTensor on the same local array, not ``a`` itself: the tape records
         # this call's output, and recording it as ``a`` cut ``a`` off its gradient
         return _same_layout(a, a.to_local(), dtype)
-    if all(D.keeps_partial(p.reduce_op, a.dtype, dtype)
-           for p in a.placements if p.is_partial()):
-        return _same_layout(a, a.to_local().astype(dtype), dtype)
+    for p in s.placements:
+        if type(p) is Partial and not D.keeps_partial(p.reduce_op, s.dtype, dtype):
+            break
+    else:
+        return DTensor(a.to_local().astype(dtype),
+                       DTensorSpec(s.mesh, s.placements, s.shape, dtype, s.stride))
     if is_strided(a):
         return on_expansion(a, lambda e: astype(e, dtype, copy), reduce=True)
     return _run_elementwise("DTensor.astype", ("astype", dtype), (a,),

@@ -337,11 +337,15 @@ _concatenate_ndarrays = getattr(np.concatenate, "_implementation", np.concatenat
 def stack(arrays, axis=0, out=None, **kwargs):
     _check_kwargs("stack", out, kwargs)
     arrays = _sequence("stack", arrays)
-    n = arrays[0].ndim
+    shape = arrays[0]._spec.shape
+    n = len(shape)
     for x in arrays:
-        if x.shape != arrays[0].shape:
+        if x._spec.shape != shape:
             raise ValueError("numpy.stack: all input arrays must have the same shape")
     ax = normalize_axis_index(axis, n + 1)
+    # NumPy's own stack of the local arrays (each given the new axis, then
+    # concatenated), without its dispatch and checks, which the DTensors passed.
+    new_axis = (slice(None),) * ax + (None,)
 
     def build():
         kinds = [D.KEEP] * n + [D.REPLICATE]
@@ -351,7 +355,7 @@ def stack(arrays, axis=0, out=None, **kwargs):
                         partial_rule=D.P_ADDITIVE, sizes={n: len(arrays)})
 
     return _run("stack", ("stack", ax), arrays, build,
-                lambda *ls: np.stack(ls, axis=ax))
+                lambda *ls: _concatenate_ndarrays([x[new_axis] for x in ls], axis=ax))
 
 
 @_registry.implements(np.tile)
