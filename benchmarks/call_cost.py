@@ -28,6 +28,12 @@ The calls, on a 1-D mesh over all ranks, float64 (8, 8) operands:
 * ``np.flip(x, 1)``      a view along an unsharded axis, the same
 * ``np.cumsum(x, 1)``    a scan along an unsharded axis
 * ``np.sort(x, 1)``      a sort along an unsharded axis
+* ``np.diff(x, axis=1)`` differences along an unsharded axis
+* ``np.stack``           ``(a, b)`` on a new leading axis
+* ``x.astype(float32)``  a cast, placements kept
+* ``np.any(x)``          a full reduction of a mask (a bool Partial left)
+* ``np.add(a, b, out=c)`` a ufunc writing into a DTensor
+* ``c += b``             an in-place operator
 
 Writes benchmarks/results/<cpu>/call_cost-np{N}.json.
 """
@@ -54,8 +60,9 @@ def calls(mt, np, mesh):
     A, B = rng.standard_normal((8, 8)), rng.standard_normal((8, 8))
     a = mt.distribute_tensor(A, mesh, [Shard(0)])
     b = mt.distribute_tensor(B, mesh, [Shard(0)])
+    c = mt.distribute_tensor(B, mesh, [Shard(0)])
     m = a > 0
-    la, lb, lm = a.to_local(), b.to_local(), m.to_local()
+    la, lb, lc, lm = a.to_local(), b.to_local(), c.to_local(), m.to_local()
     return {
         "a + b": (lambda: a + b, lambda: la + lb),
         "np.sum(x, axis=1)": (lambda: np.sum(a, axis=1), lambda: np.sum(la, axis=1)),
@@ -70,6 +77,12 @@ def calls(mt, np, mesh):
         "np.flip(x, 1)": (lambda: np.flip(a, 1), lambda: np.flip(la, 1)),
         "np.cumsum(x, 1)": (lambda: np.cumsum(a, 1), lambda: np.cumsum(la, 1)),
         "np.sort(x, 1)": (lambda: np.sort(a, 1), lambda: np.sort(la, 1)),
+        "np.diff(x, axis=1)": (lambda: np.diff(a, axis=1), lambda: np.diff(la, axis=1)),
+        "np.stack": (lambda: np.stack((a, b)), lambda: np.stack((la, lb))),
+        "x.astype(float32)": (lambda: a.astype(np.float32), lambda: la.astype(np.float32)),
+        "np.any(x)": (lambda: np.any(m), lambda: np.any(lm)),
+        "np.add(a, b, out=c)": (lambda: np.add(a, b, out=c), lambda: np.add(la, lb, out=lc)),
+        "c += b": (lambda: c.__iadd__(b), lambda: lc.__iadd__(lb)),
     }
 
 
