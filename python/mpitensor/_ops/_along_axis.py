@@ -44,6 +44,13 @@ from ._stats import _all_reduce
 __all__ = ["along_axes", "lanes_layout"]
 
 
+def _ndarray_only(func):
+    """NumPy's ``func`` without its __array_function__ dispatch (NEP 18's
+    ``_implementation``), for the local arrays, which are plain: no other type
+    could claim the call."""
+    return getattr(func, "_implementation", func)
+
+
 def _check(name, a):
     if type(a) is not DTensor:
         raise TypeError(f"{name}: expected a DTensor, got {type(a).__name__}")
@@ -252,6 +259,7 @@ def _whole_sample_stat(a, axes) -> bool:
 
 def _sorting(func):
     name = f"numpy.{func.__name__}"
+    local = _ndarray_only(func)
 
     def impl(a, axis=-1, kind=None, order=None, **kwargs):
         if order is not None:
@@ -266,7 +274,7 @@ def _sorting(func):
             if _lane_sample_sort(a, axes):
                 return _sort_lanes(name, a, axes[0], func is np.argsort)
         return along_axes(name, a, axes,
-                          lambda x: func(x, axis=axis, kind=kind, **kwargs), linear=False)
+                          lambda x: local(x, axis=axis, kind=kind, **kwargs), linear=False)
     impl.__name__ = func.__name__
     impl.__doc__ = (f"{name} along an axis: local when the axis is not sharded, the "
                     f"output placed as the input; a sharded axis moves to a free dim first "
@@ -338,9 +346,9 @@ def diff(a, n=1, axis=-1, prepend=np._NoValue, append=np._NoValue):
                       linear=plain)
 
 
-# NumPy's diff of an ndarray without its __array_function__ dispatch (NEP 18's
-# ``_implementation``): the local arrays are plain, no other type claims the call.
-_diff_ndarray = getattr(np.diff, "_implementation", np.diff)
+_diff_ndarray = _ndarray_only(np.diff)
+
+
 
 
 def _diff_part(v, a, axis):
@@ -910,6 +918,7 @@ _RESULT_DTYPES: dict = {}
 
 def _cumulative(func, linear, op):
     name = f"numpy.{func.__name__}"
+    local = _ndarray_only(func)
 
     def impl(a, axis=None, dtype=None, out=None):
         _no_out(name, out)
@@ -925,10 +934,11 @@ def _cumulative(func, linear, op):
         # a Partial passes only when each rank's part converts exactly.
         result = _result_dtype(func, a.dtype, dtype)
         if axes is not None:
-            if any(p.is_shard() and p.dim == axes[0] for p in a._spec.placements):
-                return _scan(name, a, axes[0], lambda x: func(x, axis=axis, dtype=dtype),
-                             linear, op, result)
-        return along_axes(name, a, axes, lambda x: func(x, axis=axis, dtype=dtype),
+            for p in a._spec.placements:
+                if p.is_shard() and p.dim == axes[0]:
+                    return _scan(name, a, axes[0], lambda x: func(x, axis=axis, dtype=dtype),
+                                 linear, op, result)
+        return along_axes(name, a, axes, lambda x: local(x, axis=axis, dtype=dtype),
                           linear=linear, result=result)
     impl.__name__ = func.__name__
     impl.__doc__ = (f"{name} along an axis: local when it is not sharded, the output "
