@@ -101,6 +101,12 @@ def _array_ufunc(ufunc, method, *operands, **kwargs):
         return gufunc[0](*operands, **kwargs)  # the contraction it is
     if not _register_one(ufunc):
         raise _registry.NoRule(f"{name} has no sharding rule for DTensors in mpitensor")
+    if len(kwargs) == 1 and ufunc.nout == 1 and ufunc is not np.matmul:
+        outs = kwargs.get("out")
+        if outs is not None and len(outs) == 1:
+            done = _into_layout(ufunc, operands, outs[0])
+            if done is not None:
+                return done
     for k in kwargs:
         if k not in _KWARGS:
             raise _registry.NoRule(f"{name}: the keyword argument {k}= is not supported "
@@ -139,6 +145,37 @@ def _array_ufunc(ufunc, method, *operands, **kwargs):
     for o in outs:
         run = functools.partial(_views.write, o, run)
     return run()
+
+
+def _into_layout(ufunc, operands, o):
+    """``ufunc(*operands, out=(o,))`` (``x op= y``) where it is a ufunc call into the
+    layout the executor gives its result: every operand a DTensor on ``o``'s mesh
+    or a Python number, on a member of the mesh, and the decision's placements and
+    shape ``o``'s. Then the ufunc writes into ``o``'s local array, as the general
+    path below would, without its checks of what cannot occur here; None for
+    anything else, which that path judges."""
+    if type(o) is not DTensor:
+        return None
+    spec = o._spec
+    mesh = spec.mesh
+    if mesh._coordinate is None:
+        return None
+    for x in operands:
+        if type(x) is DTensor:
+            if x._spec.mesh is not mesh:
+                return None
+        elif type(x) not in _NUMBERS:
+            return None
+    placements, shape, _ = D.decide(ufunc, operands)
+    if placements != spec.placements or shape != spec.shape:
+        return None
+    into = (o._data(),)
+    _views.write(o, lambda: D.execute(ufunc, operands, None,
+                                      lambda *ls: ufunc(*ls, out=into)))
+    return o
+
+
+_NUMBERS = frozenset((bool, int, float, complex))
 
 
 def _name_of(ufunc) -> str:
