@@ -242,7 +242,8 @@ enum { MT_EVENT_DECISION, MT_EVENT_MOVE, MT_EVENT_UNMOVED, MT_EVENT_COUNT };
   X(REQUEST, "_pending") X(REQUEST_RESULT, "_result")                                  \
   X(EVENT, "decision") X(EVENT_MOVE, "move") X(EVENT_UNMOVED, "unmoved")               \
   X(DOOR, "door") X(AGREE, "agree") X(NAME, "__name__") X(PACKAGE, "mpitensor.")         \
-  X(ARRAY_API, "mpitensor.array_api") X(TESTING, "mpitensor.testing")
+  X(ARRAY_API, "mpitensor.array_api") X(TESTING, "mpitensor.testing")                 \
+  X(MODULE, "__module__") X(QUALNAME, "__qualname__")
 #define MT_EXT_STRING_INDEX(name, _) MT_S_##name,
 enum { MT_EXT_STRINGS(MT_EXT_STRING_INDEX) MT_S_COUNT };
 

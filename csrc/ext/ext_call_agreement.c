@@ -75,9 +75,10 @@ static int feed_repr(hasher *s, PyObject *o) {
   return rc;
 }
 
-/* An attribute that is a str, or its absence (None): a function's module. */
-static int feed_attr(hasher *s, PyObject *o, const char *name) {
-  PyObject *v = PyObject_GetAttrString(o, name);
+/* An attribute that is a str, or its absence (None): a function's module. `name`
+ * is one of the interned strings, so the lookup makes no string. */
+static int feed_attr(hasher *s, PyObject *o, PyObject *name) {
+  PyObject *v = PyObject_GetAttr(o, name);
   if (v == NULL) {
     if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
     PyErr_Clear();
@@ -216,12 +217,12 @@ static int feed_value(mt_ext_dispatch *d, hasher *s, PyObject *v) {
   if (PyArray_DescrCheck(v)) return feed_tag(s, 'D'), feed_dtype(s, (PyArray_Descr *)v);
   if (PyType_Check(v) || PyCallable_Check(v)) {
     feed_tag(s, 'F');
-    if (feed_attr(s, v, "__module__") < 0) return -1;
-    PyObject *qual = PyObject_GetAttrString(v, "__qualname__");
+    if (feed_attr(s, v, d->str[MT_S_MODULE]) < 0) return -1;
+    PyObject *qual = PyObject_GetAttr(v, d->str[MT_S_QUALNAME]);
     if (qual == NULL) {
       if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
       PyErr_Clear();
-      return feed_attr(s, (PyObject *)t, "__qualname__");
+      return feed_attr(s, (PyObject *)t, d->str[MT_S_QUALNAME]);
     }
     int rc = PyUnicode_Check(qual) ? feed_str(s, qual) : (feed_tag(s, '?'), 0);
     Py_DECREF(qual);
@@ -229,8 +230,8 @@ static int feed_value(mt_ext_dispatch *d, hasher *s, PyObject *v) {
   }
   /* No canonical value: compared by type only. */
   feed_tag(s, '?');
-  if (feed_attr(s, (PyObject *)t, "__module__") < 0) return -1;
-  return feed_attr(s, (PyObject *)t, "__qualname__");
+  if (feed_attr(s, (PyObject *)t, d->str[MT_S_MODULE]) < 0) return -1;
+  return feed_attr(s, (PyObject *)t, d->str[MT_S_QUALNAME]);
 }
 
 /* The fingerprint of name(*args, **kwargs) into *out. 0, or -1 with an exception. */
@@ -242,7 +243,13 @@ static int fingerprint_of(mt_ext_dispatch *d, PyObject *name, PyObject *args, Py
   feed_i64(&s, PyTuple_GET_SIZE(args));
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i)
     if (feed_value(d, &s, PyTuple_GET_ITEM(args, i)) < 0) return -1;
-  if (PyDict_GET_SIZE(kwargs) > 0) {
+  if (PyDict_GET_SIZE(kwargs) == 1) {
+    /* One keyword: no order to settle. */
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    PyDict_Next(kwargs, &pos, &k, &v);
+    if (feed_value(d, &s, k) < 0 || feed_value(d, &s, v) < 0) return -1;
+  } else if (PyDict_GET_SIZE(kwargs) > 1) {
     /* Keywords in sorted order: their order in the call does not matter. */
     PyObject *keys = PyDict_Keys(kwargs);
     if (keys == NULL || PyList_Sort(keys) < 0) {
