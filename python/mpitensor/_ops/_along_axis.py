@@ -100,7 +100,8 @@ def along_axes(name, a, axes, compute, *, linear, out_dim=None, result=None):
 
     Example: ``along_axes("numpy.sort", dt, (1,), lambda x: np.sort(x, 1), linear=False)``.
     """
-    _check(name, a)
+    if type(a) is not DTensor:
+        _check(name, a)
     spec = a._spec
     mesh = spec.mesh
     if out_dim is None and mesh._coordinate is not None and _lanes_here(spec, axes):
@@ -108,7 +109,9 @@ def along_axes(name, a, axes, compute, *, linear, out_dim=None, result=None):
         # where the block holds lanes (an empty one takes the stand-in below).
         mine = a.to_local()
         if mine.size or axes is None:
-            local = np.asarray(compute(mine))
+            local = compute(mine)
+            if type(local) is not np.ndarray:
+                local = np.asarray(local)
             if _modes.state.tracing:
                 _trace.local(name, [a], spec.placements)
             if (local.shape == mine.shape and local.dtype == spec.dtype
@@ -168,7 +171,8 @@ def _lanes_here(spec, axes) -> bool:
 
 def _axis(name, a, axis):
     """One axis, or None (the flattened array)."""
-    _check(name, a)
+    if type(a) is not DTensor:
+        _check(name, a)
     if axis is None:
         return None
     return _args.axes(operator.index(axis), len(a._spec.shape))
@@ -921,7 +925,8 @@ def _cumulative(func, linear, op):
     local = _ndarray_only(func)
 
     def impl(a, axis=None, dtype=None, out=None):
-        _no_out(name, out)
+        if out is not None:
+            _no_out(name, out)
         axes = _axis(name, a, axis)
         if axes is None and _rows_only(a) and _even_rows(a):
             # Flattening rows sharded by mesh dims keeps them sharded (C order):
@@ -932,7 +937,7 @@ def _cumulative(func, linear, op):
             a, axis, axes = _flatten.flatten(name, a)[0], 0, (0,)
         # An int8 sum accumulates in int64, a float one cast by dtype= truncates:
         # a Partial passes only when each rank's part converts exactly.
-        result = _result_dtype(func, a.dtype, dtype)
+        result = _result_dtype(func, a._spec.dtype, dtype)
         if axes is not None:
             for p in a._spec.placements:
                 if p.is_shard() and p.dim == axes[0]:
