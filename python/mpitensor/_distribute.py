@@ -93,7 +93,7 @@ def _distribute_array(array, mesh, pl, src_data_rank) -> DTensor:
         return DTensor(local, spec)
     if src_data_rank is None:
         return DTensor(_own_chunk(array, mesh, pl), spec)
-    if _modes.state.tracing:
+    if _modes.tracing:
         _trace.collective("distribute_tensor", mesh, pl, array.shape, dtype)
     return DTensor(_comm.distribute(mesh, _codes(pl), array, int(src_data_rank)),
                    spec)

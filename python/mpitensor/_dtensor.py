@@ -1334,7 +1334,7 @@ def _check_across_ranks(mesh, local, spec, shape_given: bool, failure=None):
     broadcast Replicate dims. ``failure``: this rank's local checks raised it (no
     ``local`` or ``spec`` then), and it becomes every rank's exception. Collective on
     the mesh."""
-    if _modes.state.tracing:
+    if _modes.tracing:
         # No shape here: a shape that differs is what run_check itself reports.
         _trace.collective("DTensor.from_local(run_check=True)", mesh,
                           None if spec is None else spec.placements, None, None)

@@ -8,10 +8,10 @@ module never imports a feature to ask whether it is active.
 The flags live once, in ``state`` (the C extension's ``mt_ext_modes``, mapped
 here through ctypes with its layout from C), which the C executor reads too:
 ``state.grad_enabled``, ``state.grad_priced`` (a recorded forward runs),
-``state.want`` (where a backward rule's outputs go), ``state.tracing`` (some
-debugging tool listens, so the executor emits trace events), ``state.checks``,
+``state.want`` (where a backward rule's outputs go), ``state.checks``,
 ``state.log_debug``, ``state.gather_report``, ``state.implicit_replication``,
-``state.backward``. What only Python uses (the
+``state.backward``; and, derived from them, ``tracing`` (some debugging tool
+listens, so operations emit trace events). What only Python uses (the
 handlers of loss_parallel and context parallelism, the entered CommDebugModes
 and DebugModes, the collective checker) is kept here beside them.
 
@@ -41,12 +41,6 @@ class _State(_clib.struct("mt_ext_modes")):
     __slots__ = ()
 
     @property
-    def tracing(self) -> bool:
-        """Some tool listens: checks, debug logs, a gather warning, a CommDebugMode
-        or a DebugMode."""
-        return self.checks or self.log_debug or self.gather_warning or self.listeners > 0
-
-    @property
     def gather_report(self) -> bool:
         """Gathers an operation needs are reported."""
         return self.gather_warning or self.log_info
@@ -54,10 +48,21 @@ class _State(_clib.struct("mt_ext_modes")):
     @property
     def events(self) -> bool:
         """The executor emits trace events."""
-        return self.tracing or self.log_info
+        return tracing or self.log_info
 
 
 state = _clib.exported(_C.MODES, "mpitensor._C.modes", _State)
+# Some tool listens: checks, debug logs, a gather warning, a CommDebugMode or a
+# DebugMode. A plain module attribute, which every operation reads (``if
+# _modes.tracing:``), kept by _retrace whenever a field it follows changes: read
+# from the struct it would cost each operation four field reads.
+tracing = False
+
+
+def _retrace() -> None:
+    global tracing
+    tracing = bool(state.checks or state.log_debug or state.gather_warning
+                   or state.listeners > 0)
 
 
 # -- implicit_replication --------------------------------------------------------------
@@ -136,6 +141,7 @@ def set_gather_warning(enabled: bool) -> bool:
     """
     was = state.gather_warning
     state.gather_warning = bool(enabled)
+    _retrace()
     return was
 
 
@@ -165,6 +171,7 @@ def set_checks(enabled: bool) -> None:
     if enabled and checker is None:
         raise RuntimeError("no collective checker is registered; import mpitensor.debug")
     state.checks = bool(enabled)
+    _retrace()
 
 
 def register_checker(func) -> None:
@@ -176,6 +183,7 @@ def register_checker(func) -> None:
 def set_log_debug(enabled: bool) -> None:
     """Whether the hooks write debug log lines (mpitensor._logging)."""
     state.log_debug = bool(enabled)
+    _retrace()
 
 
 def set_log_info(enabled: bool) -> None:
@@ -190,12 +198,14 @@ def add_listener(listener) -> None:
     records call its methods (mpitensor._trace)."""
     listeners.append(listener)
     state.listeners = len(listeners) + len(recorders)
+    _retrace()
 
 
 def remove_listener(listener) -> None:
     if listener in listeners:
         listeners.remove(listener)
     state.listeners = len(listeners) + len(recorders)
+    _retrace()
 
 
 def add_recorder(recorder) -> None:
@@ -207,12 +217,14 @@ def add_recorder(recorder) -> None:
     """
     recorders.append(recorder)
     state.listeners = len(listeners) + len(recorders)
+    _retrace()
 
 
 def remove_recorder(recorder) -> None:
     if recorder in recorders:
         recorders.remove(recorder)
     state.listeners = len(listeners) + len(recorders)
+    _retrace()
 
 
 # -- grad mode, autograd ------------------------------------------------------------------

@@ -5,7 +5,7 @@ Five tools listen (their flags are in mpitensor._modes.state): the collective
 mismatch detector (``mpitensor.debug.set_collective_checks``), debug logging
 (``MPITENSOR_LOGS=+dtensor``), gather reports (INFO logging, the gather warning),
 the operation trace of an entered ``CommDebugMode`` and the call trace of an
-entered ``DebugMode``. While one does, ``_modes.state.tracing`` is set and the C
+entered ``DebugMode``. While one does, ``_modes.tracing`` is set and the C
 executor tells what it does, each event calling the function of its name here:
 :func:`decision` (an operation's, found in or added to the memo), :func:`move` (a
 plan about to run: an operation's input, an explicit redistribute or a move an
@@ -18,7 +18,7 @@ the executor pays one flag test per operation.
 
 Python's own collectives (``distribute_tensor``, ``from_local(run_check=True)``)
 call :func:`collective`, and nn.functional's local layouts :func:`local`, behind
-``if _modes.state.tracing:``. The Python door of registered calls brackets each
+``if _modes.tracing:``. The Python door of registered calls brackets each
 call with :func:`call_enter` and :func:`call_exit` while a DebugMode is entered
 (``if _modes.recorders:``), so that what the call runs nests under it.
 """

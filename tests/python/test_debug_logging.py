@@ -99,7 +99,7 @@ def test_absent_by_default_and_at_info(capsys):
     mesh = init_device_mesh("cpu", (W,))
     for level in (None, logging.INFO, logging.WARNING):
         set_logs(dtensor=level)
-        assert _modes.state.tracing is False
+        assert _modes.tracing is False
         x = sharded(mesh)
         x.redistribute(mesh, [Replicate()])
         x + x

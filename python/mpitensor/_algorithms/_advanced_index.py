@@ -172,7 +172,7 @@ def _rebalance(name, dt, m, rows, placements, shape):
     bounds = np.concatenate([[0], np.cumsum(core.chunk_sizes(total, p))])
     lo = np.clip(bounds[:-1], start, start + len(rows))
     hi = np.clip(bounds[1:], start, start + len(rows))
-    if _modes.state.tracing:
+    if _modes.tracing:
         _trace.collective(f"{name}: rows to their shards", mesh, placements, shape,
                           dt._spec.dtype)
     local, _ = _comm.alltoallv(mesh, np.ascontiguousarray(rows),
@@ -283,7 +283,7 @@ def _return_rows(name, mesh, m, mine, rows, g):
     bounds = np.concatenate([[0], np.cumsum(core.chunk_sizes(total, p))])
     lo = np.clip(starts[:-1], bounds[c], bounds[c + 1])
     hi = np.clip(starts[1:], bounds[c], bounds[c + 1])
-    if _modes.state.tracing:
+    if _modes.tracing:
         _trace.collective(f"{name}: rows to the ranks that selected them", mesh,
                           g._spec.placements, g._spec.shape, g._spec.dtype)
     got, _ = _comm.alltoallv(mesh, np.ascontiguousarray(rows), np.maximum(hi - lo, 0).tolist(), m)
@@ -373,7 +373,7 @@ def getitem_take(dt, key):
     if m is None:
         return _wrap(mesh, out_pls, shape, local[idx], spec.dtype)
     send = local[idx[plan.mine] - plan.first]
-    if _modes.state.tracing:
+    if _modes.tracing:
         _trace.collective(f"{name}: rows to their shards", mesh, spec.placements,
                           shape, spec.dtype)
     got, _ = _comm.alltoallv(mesh, np.ascontiguousarray(send), plan.counts, m)
@@ -408,7 +408,7 @@ def take_grad(g, dt, key):
         else:
             order = np.argsort(plan.here_owner, kind="stable")
             counts = np.bincount(plan.here_owner, minlength=mesh.shape[m]).tolist()
-            if _modes.state.tracing:
+            if _modes.tracing:
                 _trace.collective(f"{name}: rows back to their owners", mesh,
                                   g._spec.placements, g._spec.shape, g._spec.dtype)
             got, _ = _comm.alltoallv(mesh, np.ascontiguousarray(rows[order]), counts, m)

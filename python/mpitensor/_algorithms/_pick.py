@@ -123,7 +123,7 @@ def _exchange(name, spec, m, local, want):
     owner = np.searchsorted(at, want, side="right") - 1
     order = np.argsort(owner, kind="stable")
     counts = np.bincount(owner, minlength=p).tolist()
-    if _modes.state.tracing:
+    if _modes.tracing:
         _trace.collective(f"{name}: indices to the rows' owners, rows back", mesh,
                           spec.placements, spec.shape, spec.dtype)
     asked, asked_counts = _comm.alltoallv(mesh,

@@ -137,7 +137,7 @@ def exchange(name: str, spec, m: int, send: np.ndarray, transfers, out: np.ndarr
     parts = [send[t[1]:t[1] + t[4]] for t in outgoing]
     buf = (np.concatenate(parts) if parts else
            np.empty((0,) + send.shape[1:], send.dtype))
-    if _modes.state.tracing:
+    if _modes.tracing:
         _trace.collective(f"{name}: row exchange", mesh, spec.placements, spec.shape,
                           spec.dtype)
     got, _ = _comm.alltoallv(mesh, np.ascontiguousarray(buf), counts, m)

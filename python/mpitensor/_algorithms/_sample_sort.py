@@ -167,7 +167,7 @@ def _buckets(name, a, m, values, keys, with_keys):
     sv, sk = _splitters(name, a, m, values, keys)
     counts = _cuts(values, keys, sv, sk)
     mesh = a._spec.mesh
-    if _modes.state.tracing:
+    if _modes.tracing:
         _trace.collective(f"{name}: sample sort bucket exchange", a._spec.mesh,
                           a._spec.placements, a._spec.shape, a._spec.dtype)
     if with_keys:
@@ -232,7 +232,7 @@ def sort_flat(name, a, indices: bool):
     lo = np.clip(bounds[:-1], start, start + len(data))
     hi = np.clip(bounds[1:], start, start + len(data))
     counts = np.maximum(hi - lo, 0).tolist()
-    if _modes.state.tracing:
+    if _modes.tracing:
         _trace.collective(f"{name}: sample sort rebalance", mesh, placements, (n,),
                           out_dtype)
     local, got = _comm.alltoallv(mesh, np.ascontiguousarray(data), counts, m)

@@ -112,7 +112,7 @@ def along_axes(name, a, axes, compute, *, linear, out_dim=None, result=None):
             local = compute(mine)
             if type(local) is not np.ndarray:
                 local = np.asarray(local)
-            if _modes.state.tracing:
+            if _modes.tracing:
                 _trace.local(name, [a], spec.placements)
             if (local.shape == mine.shape and local.dtype == spec.dtype
                     and spec.stride == contiguous_strides(spec.shape)):
@@ -149,7 +149,7 @@ def along_axes(name, a, axes, compute, *, linear, out_dim=None, result=None):
     for k in kept:
         shape[out_dim(k)] = spec.shape[k]
     placements = tuple(Shard(out_dim(p.dim)) if p.is_shard() else p for p in target)
-    if _modes.state.tracing:
+    if _modes.tracing:
         _trace.local(name, [a], placements)
     if mesh.get_coordinate() is None:
         local = np.empty((0,), local.dtype)
@@ -385,7 +385,7 @@ def flip(m, axis=None):
         # Each block flipped where it is, an empty one too: NumPy's view of it on
         # every rank, so no rank needs to hear whether another's elements moved,
         # and the views of it are filed under the same memory on every rank.
-        if _modes.state.tracing:
+        if _modes.tracing:
             _trace.local("numpy.flip", [m], spec.placements)
         if spec.stride != contiguous_strides(spec.shape):
             spec = spec._replace(stride=contiguous_strides(spec.shape))
@@ -526,7 +526,7 @@ def _vector_fft(name, a, inverse, norm):
     # X[k1 + n1 k2] = g[k1, k2]: the transpose of g, row-major, is the result.
     t = D.relayout(name, matrix(g, (n1, n2), layout(0)), layout(1)).to_local()
     out = np.ascontiguousarray(t.T).reshape(-1) if member else np.empty((0,), g.dtype)
-    if _modes.state.tracing:
+    if _modes.tracing:
         _trace.local(name, [a], pls)
     return DTensor(out, DTensorSpec(mesh, pls, (n,), out.dtype, contiguous_strides((n,))))
 
@@ -630,7 +630,7 @@ def _transform(name, a, func, axes, rule):
         local = np.empty((0,), local.dtype)
     else:
         local = np.asarray(func(a.to_local(), axes))
-    if _modes.state.tracing:
+    if _modes.tracing:
         _trace.local(name, [a], spec.placements)
     shape = tuple(shape)
     return DTensor(local, DTensorSpec(mesh, spec.placements, shape, local.dtype,
@@ -831,7 +831,7 @@ def _scan(name, a, ax, func, linear, op, result):
         # folded in: each lane starts from what the ranks before it hold, in
         # NumPy's order, and no second pass adds the offsets to the output.
         totals = _lane_totals(x, ax, op)
-        if _modes.state.tracing:
+        if _modes.tracing:
             # The global shape: the checks compare this text across ranks.
             _trace.collective(f"{name}: exclusive scan of the shard totals", mesh,
                               spec.placements, spec.shape, totals.dtype)

@@ -171,7 +171,7 @@ def gather_call(func, args: tuple, kwargs: dict, name: str | None = None,
             f"arguments, or DTensors of other placements, shapes or dtypes)" if need <= _available_bytes() else
             f"{name} runs on the gathered arrays ({need} bytes on each rank), and a rank "
             f"of the mesh has not that much memory available", MemoryError)
-    if _modes.state.tracing:
+    if _modes.tracing:
         _trace.collective(f"{name} (gathered: no distributed rule)", mesh, None, None, None)
     if name not in _warned:
         _warned.add(name)

@@ -59,7 +59,7 @@ def flip_sharded(a, ax: int):
             counts[q] = g1 - g0
     send = (parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else
             np.empty((0,) + local.shape[1:], local.dtype))
-    if _modes.state.tracing:
+    if _modes.tracing:
         _trace.collective(f"{name}: row exchange", mesh, spec.placements, spec.shape,
                           spec.dtype)
     got, _ = _comm.alltoallv(mesh, np.ascontiguousarray(send), counts, m)

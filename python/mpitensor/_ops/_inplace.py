@@ -219,7 +219,7 @@ def _rows_to_owners(spec, sel, value, m, j):
         a, b = max(k0, lo), min(k1, hi)
         parts.append(v[a - lo:b - lo] if b > a else v[:0])
     send = np.ascontiguousarray(np.concatenate(parts))
-    if _modes.state.tracing:
+    if _modes.tracing:
         _trace.collective("DTensor item assignment: rows to their owners", mesh,
                           spec.placements, spec.shape, spec.dtype)
     got, _ = _comm.alltoallv(mesh, send, [len(x) for x in parts], m)

@@ -79,7 +79,7 @@ def _route(name, spec, m, ax, pos, values, out_axis):
     owner = np.searchsorted(at, pos, side="right") - 1
     order = np.argsort(owner, kind="stable")
     counts = np.bincount(owner, minlength=mesh.shape[m]).tolist()
-    if _modes.state.tracing:
+    if _modes.tracing:
         _trace.collective(f"{name}: writes to their rows' owners", mesh, spec.placements,
                           spec.shape, spec.dtype)
     got_pos, _ = _comm.alltoallv(mesh, np.ascontiguousarray(pos[order], np.int64),
@@ -229,7 +229,7 @@ def _put_along_by_dtensor(name, arr, indices, values, ax):
         owner = np.searchsorted(at, pos.ravel(), side="right") - 1
         order = np.argsort(owner, kind="stable")
         counts = np.bincount(owner, minlength=mesh.shape[m]).tolist()
-        if _modes.state.tracing:
+        if _modes.tracing:
             _trace.collective(f"{name}: writes to their rows' owners", mesh,
                               spec.placements, spec.shape, spec.dtype)
         pairs = np.stack([pos.ravel(), flat.ravel()], axis=1)[order]

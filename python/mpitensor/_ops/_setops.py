@@ -165,7 +165,7 @@ def _lookup(name, queries, table, payload=None):
     order = np.argsort(dest, kind="stable")
     counts = np.bincount(dest, minlength=p + 1)[:p]
     send = np.ascontiguousarray(queries[order][:int(counts.sum())])
-    if _modes.state.tracing:
+    if _modes.tracing:
         _trace.collective(f"{name}: lookup exchange", mesh, spec.placements, spec.shape,
                           spec.dtype)
     got, back = _comm.alltoallv(mesh, send, counts.tolist(), m)

@@ -156,7 +156,7 @@ def _pointwise(name, x, func):
     if not _is_dt(x):
         return func(np.asarray(x))
     x = _without_partial(x)
-    if _modes.state.tracing:
+    if _modes.tracing:
         _trace.local(name, (x,), x.placements)
     return _wrap_like(x.device_mesh, x.placements, x.shape, func(x.to_local()))
 
