@@ -118,12 +118,14 @@ def along_axes(name, a, axes, compute, *, linear, out_dim=None, result=None):
                     and spec.stride == contiguous_strides(spec.shape)):
                 return DTensor(local, spec)  # a flip, a sort: the input's layout
             shape = local.shape
-            if axes is not None:  # the dims outside the lanes are global
-                shape = list(shape)
-                for k, n in enumerate(spec.shape):
-                    if k not in axes:
-                        shape[k] = n
-                shape = tuple(shape)
+            for p in spec.placements:
+                if type(p) is Shard:  # of a dim outside the lanes: global there
+                    shape = list(shape)
+                    for q in spec.placements:
+                        if type(q) is Shard:
+                            shape[q.dim] = spec.shape[q.dim]
+                    shape = tuple(shape)
+                    break
             return DTensor(local, DTensorSpec(mesh, spec.placements, shape, local.dtype,
                                               contiguous_strides(shape)))
     target = lanes_layout(a, axes, linear, result)
