@@ -403,7 +403,7 @@ static PyObject *agree_call(PyObject *module, PyObject *const *args, Py_ssize_t 
     }
     if (rc != MT_OK) return mt_ext_raise(rc, &err);
   }
-  return PyLong_FromLong(program | (flags >> 3 & 1) << 1 | (long)contig << 2 | flags << 3);
+  return PyLong_FromLong(program | (long)contig << 1 | flags << 2);
 }
 
 PyMethodDef mt_ext_call_agreement_methods[] = {
@@ -420,10 +420,9 @@ PyMethodDef mt_ext_call_agreement_methods[] = {
      "a program) runs a program's code, not mpitensor's, outside the collective "
      "checks, and the first DTensor argument's mesh has more than one rank, the ranks "
      "agree on call_fingerprint(name, args, kwargs): ValueError on every rank when "
-     "the calls differ. Bit 0 of the result: a program made the call; bit 1: a plain "
-     "numeric ndarray (not 0-d) is among the arguments or in a list or tuple one; "
-     "bit 2: the DTensors hold C-contiguous local arrays on every rank of the mesh "
-     "(known from the agreement, or on a mesh of one rank; else 0); from bit 3 on: "
+     "the calls differ. Bit 0 of the result: a program made the call; bit 1: the "
+     "DTensors hold C-contiguous local arrays on every rank of the mesh (known from "
+     "the agreement, or on a mesh of one rank; else 0); from bit 2 on: "
      "call_flags(args, kwargs). "
      "Collective on that mesh when it agrees.\n\n"
      "Example: _C.agree_call('numpy.sum', (dt,), {'axis': 0}, sys._getframe(1))"},

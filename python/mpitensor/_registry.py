@@ -245,7 +245,8 @@ _C_METHODS = {getattr(np, name): getattr(_C.DTensorBase, name)
               for name in ("sum", "mean", "prod", "max", "min", "std", "var", "argmax",
                            "argmin")}
 _METHOD_KEYWORDS = frozenset(("axis", "keepdims"))
-_STRIDED, _GRAD, _MESHES, _PLAIN = 1, 2, 4, 8
+_STRIDED, _GRAD, _MESHES, _PLAIN = (_call_agreement.CALL_STRIDED, _call_agreement.CALL_GRAD,
+                                    _call_agreement.CALL_MESHES, _call_agreement.CALL_PLAIN)
 
 
 def _run(func, args: tuple, kwargs: dict, from_c: bool, flags: int = -1):
