@@ -45,10 +45,29 @@ __all__ = ["along_axes", "lanes_layout"]
 
 
 def _ndarray_only(func):
-    """NumPy's ``func`` without its __array_function__ dispatch (NEP 18's
-    ``_implementation``), for the local arrays, which are plain: no other type
-    could claim the call."""
-    return getattr(func, "_implementation", func)
+    """NumPy's ``func`` for the local arrays, which are plain: the ndarray method
+    it calls on them (cumsum, cumprod, argsort), else the function without its
+    __array_function__ dispatch (NEP 18's ``_implementation``), since no other
+    type could claim the call."""
+    method = _NDARRAY_METHODS.get(func)
+    return method if method is not None else getattr(func, "_implementation", func)
+
+
+def _sort_ndarray(x, axis=-1, kind=None, order=None, *, stable=None):
+    """numpy.sort of an ndarray as NumPy's own does it (a copy in the array's
+    order, sorted in place; None sorts the flattened array), without its frames."""
+    if axis is None:
+        x, axis = x.flatten(), -1
+    else:
+        x = x.copy(order="K")
+    x.sort(axis=axis, kind=kind, order=order, stable=stable)
+    return x
+
+
+# NumPy's functions that only hand an ndarray to its method of the same name, and
+# sort, which copies it first.
+_NDARRAY_METHODS = {np.cumsum: np.ndarray.cumsum, np.cumprod: np.ndarray.cumprod,
+                    np.argsort: np.ndarray.argsort, np.sort: _sort_ndarray}
 
 
 def _check(name, a):
@@ -279,8 +298,10 @@ def _sorting(func):
                 return S.sort_flat(name, a, func is np.argsort)
             if _lane_sample_sort(a, axes):
                 return _sort_lanes(name, a, axes[0], func is np.argsort)
-        return along_axes(name, a, axes,
-                          lambda x: local(x, axis=axis, kind=kind, **kwargs), linear=False)
+        if kwargs:
+            return along_axes(name, a, axes,
+                              lambda x: local(x, axis=axis, kind=kind, **kwargs), linear=False)
+        return along_axes(name, a, axes, lambda x: local(x, axis, kind), linear=False)
     impl.__name__ = func.__name__
     impl.__doc__ = (f"{name} along an axis: local when the axis is not sharded, the "
                     f"output placed as the input; a sharded axis moves to a free dim first "
