@@ -29,6 +29,7 @@ CALLS = {
     "cumsum": (lambda x, ax: np.cumsum(x, axis=ax), True),
     "cumprod": (lambda x, ax: np.cumprod(x, axis=ax), False),
     "diff": (lambda x, ax: np.diff(x, axis=ax), True),
+    "diff3": (lambda x, ax: np.diff(x, 3, axis=ax), True),
     "diff2_prepend": (lambda x, ax: np.diff(x, 2, axis=ax, prepend=1), False),
     "flip": (lambda x, ax: np.flip(x, ax), True),
     "roll": (lambda x, ax: np.roll(x, 2, axis=ax), True),
@@ -86,6 +87,24 @@ def test_along_axis_matches_numpy(data):
         if not name.startswith(("median", "percentile", "quantile", "nanmedian")):
             assert got.placements == tuple(pls)
     check(got, call(full, axis))
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.uint8, np.int16, np.float32])
+def test_diff_of_any_order_and_dtype_is_numpys(dtype):
+    """NumPy's differences exactly: bools by not_equal, unsigned ints wrapping,
+    order 0 the array itself, an order past the axis' length empty."""
+    mesh = mesh_of((W,))
+    full = np.random.default_rng(4).integers(0, 200, size=(2 * W + 1, 6)).astype(dtype)
+    for pls in ([S0], [R]):
+        dt = make(full, mesh, pls)
+        for n in (0, 1, 2, 5, 7):
+            for axis in (1, -1):
+                got = np.diff(dt, n, axis=axis)
+                expect = np.diff(full, n, axis=axis)
+                assert got.placements == tuple(pls)
+                full_got = got.full_tensor()
+                assert full_got.dtype == expect.dtype and full_got.shape == expect.shape
+                np.testing.assert_array_equal(full_got, expect)
 
 
 @pytest.mark.parametrize("shape", CORNER_SHAPES, ids=str)

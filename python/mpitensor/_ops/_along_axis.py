@@ -369,11 +369,38 @@ def diff(a, n=1, axis=-1, prepend=np._NoValue, append=np._NoValue):
     if plain and m is not None:
         # A halo of n rows from the next ranks, not a move of the whole axis.
         return _halo.diff_sharded(a, n, axes[0], m)
+    if plain and n > 0 and axes is not None:
+        cut = _diff_slices(len(a._spec.shape), axes[0])
+        return along_axes(name, a, axes, lambda x: _diff_cut(x, n, cut), linear=True)
     return along_axes(name, a, axes, lambda x: _diff_ndarray(x, n, axis, prepend, append),
                       linear=plain)
 
 
 _diff_ndarray = _ndarray_only(np.diff)
+
+
+def _diff_slices(ndim, axis) -> tuple:
+    """(all but the first, all but the last) along ``axis`` of ``ndim`` dims, as
+    keys; made once per pair."""
+    cut = _DIFF_SLICES.get((ndim, axis))
+    if cut is None:
+        head = (slice(None),) * axis
+        cut = _DIFF_SLICES[(ndim, axis)] = (head + (slice(1, None),), head + (slice(None, -1),))
+    return cut
+
+
+_DIFF_SLICES: dict = {}
+
+
+def _diff_cut(x, n, cut):
+    """numpy.diff of an ndarray (``n`` >= 1, no prepend/append) as NumPy computes it,
+    the later elements less the earlier ``n`` times (not_equal for bools), without
+    its checks, which the DTensor's passed."""
+    op = np.not_equal if x.dtype == np.bool_ else np.subtract
+    later, earlier = cut
+    for _ in range(n):
+        x = op(x[later], x[earlier])
+    return x
 
 
 
