@@ -94,19 +94,20 @@ def _array_ufunc(ufunc, method, *operands, **kwargs):
         if method == "reduce" and ufunc in (np.logaddexp, np.logaddexp2):
             return logaddexp_reduce(ufunc, *operands, **kwargs)
         return _ufunc_methods.method(ufunc, method, operands, kwargs)
-    name = _name_of(ufunc)
     gufunc = _linalg.GUFUNCS.get(ufunc)
     if (gufunc is not None and len(operands) == 2 and set(kwargs) <= gufunc[1]
             and all(type(x) is DTensor for x in operands)):
         return gufunc[0](*operands, **kwargs)  # the contraction it is
     if not _register_one(ufunc):
-        raise _registry.NoRule(f"{name} has no sharding rule for DTensors in mpitensor")
+        raise _registry.NoRule(f"{_name_of(ufunc)} has no sharding rule for DTensors in "
+                               f"mpitensor")
     if len(kwargs) == 1 and ufunc.nout == 1 and ufunc is not np.matmul:
         outs = kwargs.get("out")
         if outs is not None and len(outs) == 1:
             done = _into_layout(ufunc, operands, outs[0])
             if done is not None:
                 return done
+    name = _name_of(ufunc)
     for k in kwargs:
         if k not in _KWARGS:
             raise _registry.NoRule(f"{name}: the keyword argument {k}= is not supported "
