@@ -415,6 +415,32 @@ def test_clip_out():
     assert_matches(out, np.clip(full, -2, 3))
 
 
+@pytest.mark.parametrize("pls", [[Replicate()], [Shard(0)], [Partial("sum")]])
+def test_a_ufunc_of_numbers_into_dtensors_writes_numpys_value(pls):
+    """``np.add(1.0, 2.0, out=dt)``: NumPy broadcasts the value into the output;
+    so does every rank (a Partial keeps its layout and reads as the value), two
+    outputs too; a cast NumPy refuses raises as NumPy's does."""
+    mesh = mesh_of((W,))
+    if pls[0] == Partial("sum"):
+        dt = np.sum(make(np.zeros((2, 2 * W + 1, 3)), mesh, [Shard(0)]), axis=0)
+        assert dt.placements == (Partial("sum"),)
+    else:
+        dt = make(np.zeros((2 * W + 1, 3)), mesh, pls)
+    got = np.add(1.0, 2.0, out=dt)
+    assert got is dt and dt.placements == tuple(pls)
+    assert_matches(dt, np.full((2 * W + 1, 3), 3.0))
+    q = make(np.zeros(W + 1), mesh, [Shard(0)])
+    r = make(np.zeros(W + 1), mesh, [Shard(0)])
+    np.divmod(7.0, 2.0, out=(q, r))
+    assert_matches(q, np.full(W + 1, 3.0))
+    assert_matches(r, np.full(W + 1, 1.0))
+    ints = make(np.zeros(W + 1, np.int64), mesh, [Shard(0)])
+    with pytest.raises(TypeError):
+        np.add(1.5, 2.0, out=ints)
+    with pytest.raises(TypeError):
+        np.add(1.5, 2.0, out=np.zeros(W + 1, np.int64))
+
+
 def test_grad_mode_writes_raise():
     mesh = mesh_of((W,))
     a = make(np.ones((4, 4)), mesh, [S0])

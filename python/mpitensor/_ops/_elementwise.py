@@ -131,6 +131,14 @@ def _array_ufunc(ufunc, method, *operands, **kwargs):
     for o in outs:
         if type(o) is not DTensor:
             raise TypeError(f"{name}: out= must be {ufunc.nout} DTensor(s)")
+    if not inputs:
+        # Numbers only (agreed), written into DTensors: NumPy's value, the same on
+        # every rank, broadcast into each output as np.copyto writes.
+        results = ufunc(*operands, **kwargs)
+        casting = kwargs.get("casting", "same_kind")
+        for o, r in zip(outs, results if ufunc.nout > 1 else (results,)):
+            _inplace.copyto(o, r, casting=casting)
+        return outs[0] if len(outs) == 1 else outs
     mesh = D.same_mesh(name, inputs + list(outs))
 
     def run():
@@ -151,29 +159,31 @@ def _array_ufunc(ufunc, method, *operands, **kwargs):
 def _into_layout(ufunc, operands, o):
     """``ufunc(*operands, out=(o,))`` (``x op= y``) where it is a ufunc call into the
     layout the executor gives its result: every operand a DTensor on ``o``'s mesh
-    or a Python number, on a member of the mesh, and the decision's placements and
-    shape ``o``'s. Then the ufunc writes into ``o``'s local array, as the general
-    path below would, without its checks of what cannot occur here; None for
-    anything else, which that path judges."""
+    (one at least) or a Python number, on a member of the mesh, and the decision's
+    placements and shape ``o``'s. Then the ufunc writes into ``o``'s local array by
+    the general path's own step (_into_outs), without its checks of what cannot
+    occur here; None for anything else, which that path judges."""
     if type(o) is not DTensor:
         return None
     spec = o._spec
     mesh = spec.mesh
     if mesh._coordinate is None:
         return None
+    tensors = False
     for x in operands:
         if type(x) is DTensor:
             if x._spec.mesh is not mesh:
                 return None
+            tensors = True
         elif type(x) not in _NUMBERS:
             return None
-    placements, shape, _ = D.decide(ufunc, operands)
-    if placements != spec.placements or shape != spec.shape:
+    if not tensors:
         return None
-    into = (o._data(),)
-    _views.write(o, lambda: D.execute(ufunc, operands, None,
-                                      lambda *ls: ufunc(*ls, out=into)))
-    return o
+    placements, shape, _ = D.decide(ufunc, operands)
+    if not _fits(placements, shape, (o,)):
+        return None
+    return _views.write(o, lambda: _into_outs(mesh, ufunc, operands, {}, (o,), placements,
+                                              shape))
 
 
 _NUMBERS = frozenset((bool, int, float, complex))
