@@ -191,8 +191,6 @@ def door_from_c(func, args: tuple, kwargs: dict, agreed: bool = False):
         flags = (_call_agreement.agree_call(_label(func, args), args, kwargs, sys._getframe(1))
                  >> _call_agreement.CALL_FLAGS)
     if not flags & _PLAIN:
-        if not _modes.recorders:  # no trace to open: _traced's entry is _run itself
-            return _run(func, args, kwargs, True, flags)
         return _traced(func, args, kwargs, None, True, flags)
     _modes.push_implicit_replication()
     try:

@@ -403,8 +403,6 @@ def _diff_cut(x, n, cut):
     return x
 
 
-
-
 def _diff_part(v, a, axis):
     """A prepend= or append= value of np.diff as a DTensor on ``a``'s mesh: a
     scalar broadcast to one row along ``axis``, an ndarray (alike on every rank)
@@ -991,7 +989,7 @@ def _cumulative(func, linear, op):
         if axes is not None:
             for p in a._spec.placements:
                 if p.is_shard() and p.dim == axes[0]:
-                    return _scan(name, a, axes[0], lambda x: func(x, axis=axis, dtype=dtype),
+                    return _scan(name, a, axes[0], lambda x: local(x, axis=axis, dtype=dtype),
                                  linear, op, result)
         return along_axes(name, a, axes, lambda x: local(x, axis=axis, dtype=dtype),
                           linear=linear, result=result)

@@ -145,7 +145,7 @@ def astype(a, dtype, copy=True):
     """DTensor.astype: placements kept (strided shards too), except that a Partial
     is reduced first unless the cast is exact (see the module notes). Local for
     exact casts and for inputs without Partials."""
-    if type(dtype) is not np.dtype:
+    if not isinstance(dtype, np.dtype):
         dtype = np.dtype(dtype)
     s = a._spec
     if not copy and dtype == s.dtype:
