@@ -156,8 +156,7 @@ def astype(a, dtype, copy=True):
         if type(p) is Partial and not D.keeps_partial(p.reduce_op, s.dtype, dtype):
             break
     else:
-        return DTensor(a.to_local().astype(dtype),
-                       DTensorSpec(s.mesh, s.placements, s.shape, dtype, s.stride))
+        return _same_layout(a, a.to_local().astype(dtype), dtype)
     if is_strided(a):
         return on_expansion(a, lambda e: astype(e, dtype, copy), reduce=True)
     return _run_elementwise("DTensor.astype", ("astype", dtype), (a,),
