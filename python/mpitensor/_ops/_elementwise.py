@@ -161,7 +161,7 @@ def _into_layout(ufunc, operands, o):
     layout the executor gives its result: every operand a DTensor on ``o``'s mesh
     (one at least) or a Python number, on a member of the mesh, and the decision's
     placements and shape ``o``'s. Then the ufunc writes into ``o``'s local array by
-    the general path's own step (_into_outs), without its checks of what cannot
+    the general path's own step (_into_fitting), without its checks of what cannot
     occur here; None for anything else, which that path judges."""
     if type(o) is not DTensor:
         return None
@@ -182,8 +182,7 @@ def _into_layout(ufunc, operands, o):
     placements, shape, _ = D.decide(ufunc, operands)
     if not _fits(placements, shape, (o,)):
         return None
-    return _views.write(o, lambda: _into_outs(mesh, ufunc, operands, {}, (o,), placements,
-                                              shape))
+    return _views.write(o, lambda: _into_fitting(mesh, ufunc, operands, {}, (o,)))
 
 
 _NUMBERS = frozenset((bool, int, float, complex))
@@ -257,6 +256,17 @@ def _plan_bytes(mesh, x, dst, src=None) -> int:
     return _layout.plan(mesh, spec.shape, src or spec.placements, dst, spec.dtype).bytes
 
 
+def _into_fitting(mesh, ufunc, operands, kwargs, outs):
+    """Runs the ufunc straight into the local arrays of outputs that have the
+    result's placements and shape."""
+    if mesh._coordinate is None:
+        D.execute(ufunc, operands, kwargs=kwargs or None)
+    else:
+        into = (outs[0]._data(),) if len(outs) == 1 else tuple(o._data() for o in outs)
+        D.execute(ufunc, operands, None, lambda *ls: ufunc(*ls, out=into, **kwargs))
+    return outs[0] if len(outs) == 1 else outs
+
+
 def _into_outs(mesh, ufunc, operands, kwargs, outs, out_pl, out_shape):
     """Runs the ufunc into DTensor outputs: straight into their local arrays when
     they have the result's placements and shape, else into new arrays that are
@@ -266,12 +276,7 @@ def _into_outs(mesh, ufunc, operands, kwargs, outs, out_pl, out_shape):
             raise ValueError(f"numpy.{ufunc.__name__}: out= has shape {o.shape}, the "
                              f"result has shape {out_shape}")
     if _fits(out_pl, out_shape, outs):
-        if mesh._coordinate is None:
-            D.execute(ufunc, operands, kwargs=kwargs or None)
-        else:
-            into = (outs[0]._data(),) if len(outs) == 1 else tuple(o._data() for o in outs)
-            D.execute(ufunc, operands, None, lambda *ls: ufunc(*ls, out=into, **kwargs))
-        return outs[0] if len(outs) == 1 else outs
+        return _into_fitting(mesh, ufunc, operands, kwargs, outs)
     result = D.execute(ufunc, operands, kwargs=kwargs or None)
     results = (result,) if ufunc.nout == 1 else result
     for o, r in zip(outs, results):
