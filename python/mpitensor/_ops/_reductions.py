@@ -226,15 +226,19 @@ def _local_extreme(exact):
     pass (_lanes.extreme): the extreme of a column is one value whatever the order,
     so the bits are NumPy's wherever it is neither NaN (whose payload follows the
     order) nor zero (the two zeros compare equal); there NumPy's own reduce runs.
-    Along a short last axis of a tall block, the columns folded (_fold). Anything
-    else takes NumPy's own reduce."""
+    Along a short last axis of a tall block, the columns folded (_fold), on the
+    same terms: NumPy's reduce of a short row takes its elements in an order that
+    depends on the CPU's vector width. Anything else takes NumPy's own reduce."""
     binary = np.maximum if exact is np.ndarray.max else np.minimum
     largest = exact is np.ndarray.max
 
     def local(a, axis=None, out=None, keepdims=False, initial=np._NoValue, where=True):
         if out is None and initial is np._NoValue and where is True:
             if _short_last_axis(a, axis):
-                return _fold(binary, a, keepdims)
+                r = _fold(binary, a, keepdims)
+                if a.dtype.kind != "f" or (np.count_nonzero(r) == r.size
+                                           and not np.isnan(r).any()):
+                    return r
             if (type(a) is np.ndarray and a.dtype.kind in "fiu" and a.ndim == 2
                     and axis in (0, (0,), -2, (-2,)) and 2 <= a.shape[1] < _LANES_COLUMNS
                     and a.shape[0] >= max(_LANES_MIN_ROWS, 1) and a.flags.c_contiguous
