@@ -52,6 +52,11 @@ typedef struct mt_ext_modes {
    * the reference (the ctypes structure keeps it). */
   PyObject *want;
   int implicit_replication, listeners;
+  /* The records of live copy-views by the memory they were made of (a dict that
+   * mpitensor._algorithms._views keeps, or NULL): while it holds any, a write
+   * into a DTensor may have to reach a view's base, which only Python's write
+   * does. */
+  PyObject *copy_views;
 } mt_ext_modes;
 
 /* Per-module state (PEP 489): the heap types, and what the C libraries keep no
@@ -206,6 +211,14 @@ typedef struct mt_ext_sig {
   X(floor_divide, Py_nb_floor_divide) X(remainder, Py_nb_remainder)                    \
   X(left_shift, Py_nb_lshift) X(right_shift, Py_nb_rshift) X(bitwise_and, Py_nb_and)   \
   X(bitwise_xor, Py_nb_xor) X(bitwise_or, Py_nb_or) X(divmod, Py_nb_divmod)
+/* The operators in place, X(ufunc, number slot): the ufunc into the left operand. */
+#define MT_EXT_IN_PLACE(X)                                                             \
+  X(add, Py_nb_inplace_add) X(subtract, Py_nb_inplace_subtract)                        \
+  X(multiply, Py_nb_inplace_multiply) X(matmul, Py_nb_inplace_matrix_multiply)         \
+  X(true_divide, Py_nb_inplace_true_divide) X(floor_divide, Py_nb_inplace_floor_divide) \
+  X(remainder, Py_nb_inplace_remainder) X(left_shift, Py_nb_inplace_lshift)            \
+  X(right_shift, Py_nb_inplace_rshift) X(bitwise_and, Py_nb_inplace_and)               \
+  X(bitwise_xor, Py_nb_inplace_xor) X(bitwise_or, Py_nb_inplace_or)
 #define MT_EXT_UNARY(X)                                                                \
   X(negative, Py_nb_negative) X(positive, Py_nb_positive) X(absolute, Py_nb_absolute)  \
   X(invert, Py_nb_invert)
@@ -273,7 +286,7 @@ struct mt_ext_dispatch {
   int last_sig;
   PyObject *op_ids; /* an op key -> its op id (bounded) */
   int64_t next_op, redistribute_op;
-  PyObject *str[MT_S_COUNT], *kw_keepdims; /* ("keepdims",) */
+  PyObject *str[MT_S_COUNT], *kw_keepdims, *kw_out; /* ("keepdims",), ("out",) */
   long long hook_calls[MT_HOOK_COUNT];
   /* The memory of freed DTensors of type `dtensor`, untracked and with every
    * field cleared, which the next ones reuse (ext_dtensor.c, ext_spec.c). */
@@ -512,6 +525,10 @@ PyObject *mt_ext_execute(mt_ext_dispatch *d, const mt_ext_op *op, mt_ext_call *c
 /* A ufunc call, a reduction method call, and __array_ufunc__. */
 PyObject *mt_ext_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
                        Py_ssize_t n, PyObject *kwnames);
+/* x op= y: the ufunc into x (out=(x,)), not agreed: an operator's operands are
+ * DTensors and scalars, as the executor's fast path takes them. */
+PyObject *mt_ext_ufunc_in_place(mt_ext_dispatch *d, PyObject *ufunc, PyObject *x,
+                                PyObject *y);
 PyObject *mt_ext_reduction(mt_ext_dispatch *d, int method, PyObject *self,
                            PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *mt_ext_array_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *method,

@@ -1,6 +1,6 @@
 /* _C.DTensorBase: the C base of mpitensor.DTensor. It holds the local ndarray,
  * the spec, the layout id of the spec on its mesh (found when first needed), and
- * autograd's requires_grad bit and node; its operators, __array_ufunc__,
+ * autograd's requires_grad bit and node; its operators (in place too), __array_ufunc__,
  * reduction methods and redistribute are the executor's doors (ext_entry.c,
  * ext_move.c). NumPy functions come in through DTensor.__array_function__, in
  * Python, to the Python door (mpitensor._registry.door). */
@@ -61,17 +61,32 @@ static PyObject *unary(int op, PyObject *x) {
   return d == NULL ? NULL : mt_ext_ufunc(d, d->ufunc[op], &x, 1, NULL);
 }
 
+/* An operator in place, x op= y: the ufunc into x, as NumPy's out=(x,). */
+static PyObject *in_place(int op, PyObject *x, PyObject *y) {
+  mt_ext_dispatch *d = dispatch_of(x);
+  return d == NULL ? NULL : mt_ext_ufunc_in_place(d, d->ufunc[op], x, y);
+}
+
 #define BINARY_SLOT(name, _) \
   static PyObject *nb_##name(PyObject *l, PyObject *r) { return binary(MT_UF_##name, l, r); }
 #define UNARY_SLOT(name, _) \
   static PyObject *nb_##name(PyObject *x) { return unary(MT_UF_##name, x); }
+#define IN_PLACE_SLOT(name, _) \
+  static PyObject *in_place_##name(PyObject *x, PyObject *y) { return in_place(MT_UF_##name, x, y); }
 MT_EXT_BINARY(BINARY_SLOT)
 MT_EXT_UNARY(UNARY_SLOT)
+MT_EXT_IN_PLACE(IN_PLACE_SLOT)
 
 /* CPython's ternaryfunc fixes the parameter types. */
 /* cppcheck-suppress constParameter */
 static PyObject *nb_power(PyObject *l, PyObject *r, PyObject *mod) {
   if (mod == Py_None) return binary(MT_UF_power, l, r);
+  return PyErr_Format(PyExc_TypeError, "pow() with a modulus is not supported on DTensors");
+}
+
+/* cppcheck-suppress constParameter */
+static PyObject *in_place_power(PyObject *x, PyObject *y, PyObject *mod) {
+  if (mod == Py_None) return in_place(MT_UF_power, x, y);
   return PyErr_Format(PyExc_TypeError, "pow() with a modulus is not supported on DTensors");
 }
 
@@ -334,6 +349,8 @@ static PyType_Slot base_slots[] = {
     {Py_tp_richcompare, richcompare},
 #define SLOT(name, slot) {slot, nb_##name},
     MT_EXT_BINARY(SLOT) MT_EXT_UNARY(SLOT) {Py_nb_power, nb_power},
+#define IN_PLACE_SLOT_ENTRY(name, slot) {slot, in_place_##name},
+    MT_EXT_IN_PLACE(IN_PLACE_SLOT_ENTRY) {Py_nb_inplace_power, in_place_power},
     {0, NULL},
 };
 

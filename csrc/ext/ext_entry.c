@@ -82,11 +82,13 @@ static PyObject *python_door(mt_ext_dispatch *d, PyObject *func, PyObject *const
   return res;
 }
 
-/* ufunc.method through the Python door (as the registry's numpy.ufunc). */
+/* ufunc.method through the Python door (as the registry's numpy.ufunc);
+ * `agreed`: the call needs no agreement there. */
 static PyObject *ufunc_entry(mt_ext_dispatch *d, PyObject *ufunc, PyObject *method,
-                             PyObject *const *ops, Py_ssize_t n, PyObject *kwnames) {
+                             PyObject *const *ops, Py_ssize_t n, PyObject *kwnames,
+                             int agreed) {
   PyObject *prefix[2] = {ufunc, method};
-  return python_door(d, d->ufunc_type, prefix, 2, ops, n, kwnames, 0);
+  return python_door(d, d->ufunc_type, prefix, 2, ops, n, kwnames, agreed);
 }
 
 /* The registered signature of `ufunc` (NULL: none), the last one's remembered. */
@@ -101,37 +103,158 @@ static inline mt_ext_sig *ufunc_sig(mt_ext_dispatch *d, PyObject *ufunc) {
 /* A ufunc call with a strided operand: the executor's plain reading when it has
  * one, else the Python door (which moves the operands to plain layouts). Out of
  * line, off the cached call's path. */
+static PyObject *ufunc_call(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
+                            Py_ssize_t n, PyObject *kwnames, int agreed);
+
 static MT_EXT_COLD PyObject *strided_ufunc(mt_ext_dispatch *d, PyObject *ufunc,
                                            PyObject *const *ops, Py_ssize_t n,
-                                           PyObject *kwnames) {
+                                           PyObject *kwnames, int agreed) {
   mt_ext_strided_reading r;
   int ok = mt_ext_strided_views(d, ops, n, kwnames, &r);
-  PyObject *out = ok > 0 ? mt_ext_strided_back(d, &r, mt_ext_ufunc(d, ufunc, r.views, n, kwnames))
-                         : NULL;
-  return out != NULL || PyErr_Occurred() ? out
-                                         : ufunc_entry(d, ufunc, d->str[MT_S_CALL], ops, n, kwnames);
+  PyObject *out =
+      ok > 0 ? mt_ext_strided_back(d, &r, ufunc_call(d, ufunc, r.views, n, kwnames, agreed))
+             : NULL;
+  return out != NULL || PyErr_Occurred()
+             ? out
+             : ufunc_entry(d, ufunc, d->str[MT_S_CALL], ops, n, kwnames, agreed);
 }
 
-PyObject *mt_ext_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
-                       Py_ssize_t n, PyObject *kwnames) {
+/* The agreement of a call that a C door runs, or hands to the Python door
+ * agreed, as func(*prefix, *args, **kwargs): made by the hook "agree"
+ * (mpitensor._registry.agree_method, which agrees when a program made the call)
+ * wherever the agreement can communicate, on `mb` of more than one rank outside
+ * the collective checks. 0, or -1 with the agreed exception. */
+static int agree(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *const *prefix,
+                 Py_ssize_t npre, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+  if (d->modes->checks || mb == NULL || !mb->member || mt_ext_mesh_size(mb) < 2) return 0;
+  PyObject *fn = PyDict_GetItemWithError(d->hooks, d->str[MT_S_AGREE]);
+  if (fn == NULL) return PyErr_Occurred() ? -1 : 0;
+  Py_ssize_t n = npre + nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
+  PyObject *small[8],
+      **stack = n <= 8 ? small : PyMem_Malloc((size_t)n * sizeof(PyObject *));
+  if (stack == NULL) return PyErr_NoMemory(), -1;
+  for (Py_ssize_t i = 0; i < npre; ++i) stack[i] = prefix[i];
+  for (Py_ssize_t i = npre; i < n; ++i) stack[i] = args[i - npre];
+  Py_INCREF(fn);
+  PyObject *r = mt_ext_hook(d, MT_HOOK_AGREE, fn, stack, (size_t)(npre + nargs), kwnames);
+  Py_DECREF(fn);
+  if (stack != small) PyMem_Free(stack);
+  Py_XDECREF(r);
+  return r == NULL ? -1 : 0;
+}
+
+/* Whether copy-views made of the memory `local` lies in (the last ndarray of its
+ * chain of bases, as mpitensor._registry.memory_of finds it) have records: then
+ * a write into it must reach those views, or learn on every rank that none
+ * lives, which only Python's write does. -1 with an exception. */
+static int has_copy_views(const mt_ext_modes *m, PyObject *local) {
+  if (m->copy_views == NULL || PyDict_GET_SIZE(m->copy_views) == 0) return 0;
+  PyObject *memory = local, *base;
+  while ((base = PyArray_BASE((PyArrayObject *)memory)) != NULL &&
+         Py_IS_TYPE(base, &PyArray_Type))
+    memory = base;
+  PyObject *key = PyLong_FromVoidPtr(memory); /* its id() */
+  PyObject *records = key != NULL ? PyDict_GetItemWithError(m->copy_views, key) : NULL;
+  Py_XDECREF(key);
+  if (records == NULL) return PyErr_Occurred() ? -1 : 0;
+  return !PyList_Check(records) || PyList_GET_SIZE(records) > 0;
+}
+
+/* ufunc(*ops, out=o) run by the executor itself, when that is all the call is:
+ * its operands are DTensors of o's mesh (one at least) and scalars, this rank
+ * is a member of the mesh, o's local array is a writable ndarray of a memory
+ * without copy-views, and the decided result has o's layout, so the ufunc
+ * writes o's local array as the result's; while nothing records a gradient and
+ * no tool listens. 1 with *res (NULL: the call's exception), or 0: the Python
+ * entry's to judge (mpitensor._ops._elementwise), which takes the same decision
+ * and writes the same local array when it fits. */
+static int into_layout(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *ufunc,
+                       PyObject *const *ops, Py_ssize_t n, PyObject *o, PyObject **res) {
+  const mt_ext_modes *m = d->modes;
+  mt_ext_dtensor *b = (mt_ext_dtensor *)o;
+  if (m->backward || mt_ext_events(m) || mt_ext_wanting(d) || sig->nout != 1 ||
+      sig->op.family != MT_OP_ELEMENTWISE || !PyArray_CheckExact(b->local) ||
+      !PyArray_ISWRITEABLE((PyArrayObject *)b->local))
+    return 0;
+  int views = has_copy_views(m, b->local);
+  if (views != 0) {
+    if (views < 0) PyErr_Clear(); /* the Python door raises what it must */
+    return 0;
+  }
+  mt_ext_call c;
+  int rc = gather_fast(d, ops, (int)n, &c, ufunc, 1), done = 0;
+  int64_t id;
+  if (rc < 0) PyErr_Clear(); /* the Python door raises what it must */
+  if (rc <= 0 || c.mixed || c.nmade != 0 || !c.mb->member ||
+      mt_ext_spec_mesh(d, b->spec) != c.mb ||
+      (mt_ext_grad_wanted(m) && (c.key.grad != 0 || b->requires_grad)))
+    goto release;
+  if (mt_ext_layout_id(d, c.mb, b, NULL, &id) < 0) {
+    PyErr_Clear();
+    goto release;
+  }
+  c.key.op = sig->id;
+  mt_ext_op op = {sig, ufunc, NULL, 0, 0, ufunc, &b->local, 1, d->kw_out, 0, NULL};
+  int hit;
+  const mt_decision *dec = mt_ext_decide(d, &op, &c, &hit);
+  if (dec != NULL && dec->out_id != id) goto release;
+  done = 1;
+  *res = dec != NULL ? mt_ext_run(d, &op, &c, dec, hit, ops) : NULL;
+  if (*res != NULL) Py_SETREF(*res, Py_NewRef(o));
+release:
+  if (rc > 0) mt_ext_call_release(&c);
+  return done;
+}
+
+/* ufunc(*ops, out=(o,)), its only keyword: agreed as the Python door would agree
+ * it (unless `agreed`), then the executor's (into_layout), else the Python
+ * door's, agreed. */
+static PyObject *ufunc_into(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *ufunc,
+                            PyObject *const *ops, Py_ssize_t n, PyObject *kwnames,
+                            PyObject *o, int agreed) {
+  PyObject *prefix[3] = {d->ufunc_type, ufunc, d->str[MT_S_CALL]}, *res;
+  if (!agreed && agree(d, mt_ext_spec_mesh(d, ((mt_ext_dtensor *)o)->spec), prefix, 3, ops,
+                       n, kwnames) < 0)
+    return NULL;
+  if (into_layout(d, sig, ufunc, ops, n, o, &res)) return res;
+  return python_door(d, d->ufunc_type, prefix + 1, 2, ops, n, kwnames, 1);
+}
+
+/* The DTensor that out= names when it is the call's only keyword and names one
+ * (NumPy hands out= as a tuple), else NULL. */
+static PyObject *only_out(const mt_ext_dispatch *d, PyObject *const *ops, Py_ssize_t n,
+                          PyObject *kwnames) {
+  if (PyTuple_GET_SIZE(kwnames) != 1 || !PyTuple_CheckExact(ops[n]) ||
+      PyTuple_GET_SIZE(ops[n]) != 1)
+    return NULL;
+  PyObject *o = PyTuple_GET_ITEM(ops[n], 0);
+  return Py_TYPE(o) == d->dtensor ? o : NULL;
+}
+
+/* A ufunc call; `agreed`: it needs no agreement (an operator's). */
+static PyObject *ufunc_call(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
+                            Py_ssize_t n, PyObject *kwnames, int agreed) {
   mt_ext_sig *sig = ufunc_sig(d, ufunc);
   int kw = plain_keywords(d, kwnames), strided = 0, rc = 0;
   mt_ext_call c;
   c.mixed = 0;
   if (sig == NULL || sig->op.family == MT_OP_REDUCTION || sig->nin != n ||
       n > MT_MEMO_MAX_OPERANDS || kw == 0 || sig->user_rule)
-    return ufunc_entry(d, ufunc, d->str[MT_S_CALL], ops, n, kwnames);
-  if (kw == 2) /* out=: only operands strided alike run here, on views */
+    return ufunc_entry(d, ufunc, d->str[MT_S_CALL], ops, n, kwnames, agreed);
+  if (kw == 2) { /* out=: only operands strided alike run here, on views */
     for (Py_ssize_t i = 0; i < n; ++i) strided |= mt_ext_strided(d, ops[i]);
+    PyObject *o = strided ? NULL : only_out(d, ops, n, kwnames);
+    if (o != NULL) return ufunc_into(d, sig, ufunc, ops, n, kwnames, o, agreed);
+  }
   /* A plain ndarray beside DTensors goes to the Python entry, which agrees that
    * every rank holds the same one before it takes it as replicated. */
   else if ((rc = gather_fast(d, ops, (int)n, &c, ufunc, 1)) == 0)
     strided = c.strided;
   /* Only an elementwise call reads its operands' expansions as they are. */
   if (strided && sig->op.family == MT_OP_ELEMENTWISE)
-    return strided_ufunc(d, ufunc, ops, n, kwnames);
+    return strided_ufunc(d, ufunc, ops, n, kwnames, agreed);
   if (kw == 2 || strided || (rc == 0 && c.mixed))
-    return ufunc_entry(d, ufunc, d->str[MT_S_CALL], ops, n, kwnames);
+    return ufunc_entry(d, ufunc, d->str[MT_S_CALL], ops, n, kwnames, agreed);
   if (rc <= 0) return rc < 0 ? NULL : Py_NewRef(Py_NotImplemented);
   c.key.op = sig->id;
   Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
@@ -141,11 +264,26 @@ PyObject *mt_ext_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops
   return out;
 }
 
+PyObject *mt_ext_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
+                       Py_ssize_t n, PyObject *kwnames) {
+  return ufunc_call(d, ufunc, ops, n, kwnames, 0);
+}
+
+PyObject *mt_ext_ufunc_in_place(mt_ext_dispatch *d, PyObject *ufunc, PyObject *x,
+                                PyObject *y) {
+  PyObject *out = PyTuple_Pack(1, x);
+  if (out == NULL) return NULL;
+  PyObject *ops[3] = {x, y, out};
+  PyObject *res = ufunc_call(d, ufunc, ops, 2, d->kw_out, 1);
+  Py_DECREF(out);
+  return res;
+}
+
 PyObject *mt_ext_array_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *method,
                              PyObject *const *ops, Py_ssize_t n, PyObject *kwnames) {
   if (method == d->str[MT_S_CALL] || PyUnicode_Compare(method, d->str[MT_S_CALL]) == 0)
     return mt_ext_ufunc(d, ufunc, ops, n, kwnames);
-  return ufunc_entry(d, ufunc, method, ops, n, kwnames);
+  return ufunc_entry(d, ufunc, method, ops, n, kwnames, 0);
 }
 
 /* (axis, keepdims) of a reduction method's arguments when they are all it has:
@@ -191,28 +329,13 @@ static MT_EXT_COLD PyObject *strided_whole(mt_ext_dispatch *d, int method,
 }
 
 /* A reduction method is a call every rank makes, as NumPy's function is: agreed
- * on before any path is taken, by the hook "agree"
- * (mpitensor._registry.agree_method, which agrees when a program made the call),
- * wherever the agreement can communicate. 0, or -1 with the agreed exception. */
+ * on before any path is taken, as that function's call. */
 static int agree_method(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *self,
                         PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-  const mt_ext_dtensor *b = (const mt_ext_dtensor *)self;
-  const mt_ext_mesh_base *mb = d->modes->checks ? NULL : mt_ext_spec_mesh(d, b->spec);
-  if (mb == NULL || !mb->member || mt_ext_mesh_size(mb) < 2) return 0;
-  PyObject *fn = PyDict_GetItemWithError(d->hooks, d->str[MT_S_AGREE]);
-  if (fn == NULL) return PyErr_Occurred() ? -1 : 0;
-  Py_ssize_t n = 2 + nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
-  PyObject *small[8],
-      **stack = n <= 8 ? small : PyMem_Malloc((size_t)n * sizeof(PyObject *));
-  if (stack == NULL) return PyErr_NoMemory(), -1;
-  stack[0] = sig->func, stack[1] = self;
-  for (Py_ssize_t i = 2; i < n; ++i) stack[i] = args[i - 2];
-  Py_INCREF(fn);
-  PyObject *r = mt_ext_hook(d, MT_HOOK_AGREE, fn, stack, (size_t)(2 + nargs), kwnames);
-  Py_DECREF(fn);
-  if (stack != small) PyMem_Free(stack);
-  Py_XDECREF(r);
-  return r == NULL ? -1 : 0;
+  PyObject *prefix[2] = {sig->func, self};
+  const mt_ext_mesh_base *mb =
+      d->modes->checks ? NULL : mt_ext_spec_mesh(d, ((const mt_ext_dtensor *)self)->spec);
+  return agree(d, mb, prefix, 2, args, nargs, kwnames);
 }
 
 PyObject *mt_ext_reduction(mt_ext_dispatch *d, int method, PyObject *self,

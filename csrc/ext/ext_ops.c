@@ -235,7 +235,8 @@ static int intern_names(mt_ext_dispatch *d) {
   for (int i = 0; i < MT_S_COUNT; ++i)
     if ((d->str[i] = PyUnicode_InternFromString(texts[i])) == NULL) return -1;
   d->kw_keepdims = PyTuple_Pack(1, d->str[MT_S_KEEPDIMS]);
-  return d->kw_keepdims == NULL ? -1 : 0;
+  d->kw_out = PyTuple_Pack(1, d->str[MT_S_OUT]);
+  return d->kw_keepdims == NULL || d->kw_out == NULL ? -1 : 0;
 }
 
 int mt_ext_ops_exec(PyObject *module) {
@@ -259,7 +260,7 @@ int mt_ext_ops_exec(PyObject *module) {
 #define MT_EXT_OPS_OBJECTS(X, d)                                                       \
   X(d->dtensor); X(d->spec); X(d->node_type); X(d->request_type); X(d->move_grad);   \
   X(d->view_grad); X(d->hooks); X(d->ufunc_type); X(d->replicate); X(d->op_ids);      \
-  X(d->strided); X(d->kw_keepdims);                                                   \
+  X(d->strided); X(d->kw_keepdims); X(d->kw_out);                                   \
   for (int i_ = 0; i_ < MT_S_COUNT; ++i_) X(d->str[i_]);                               \
   for (int i_ = 0; i_ < MT_MAX_NDIM; ++i_) X(d->shard[i_]);                            \
   for (int i_ = 0; i_ < MT_REDUCE_COUNT; ++i_) X(d->partial[i_]);                      \

@@ -38,16 +38,6 @@ class ChunkStorageMetadata(NamedTuple):
     sizes: tuple[int, ...]
 
 
-def _in_place(ufunc, name: str):
-    """The operator ``name``, ``self op= other``: ``ufunc`` into this DTensor (out=),
-    by the executor's ufunc door (which hands out= to the ufunc's entry, but for
-    operands strided alike), so the operator needs no C slot."""
-    def op(self, other):
-        return self.__array_ufunc__(ufunc, "__call__", self, other, out=(self,))
-    op.__name__, op.__qualname__ = name, f"DTensor.{name}"
-    return op
-
-
 class DTensor(_C.DTensorBase):
     """A global NumPy array laid out over a :class:`DeviceMesh` by placements.
 
@@ -66,7 +56,8 @@ class DTensor(_C.DTensorBase):
 
     # The C base holds the fields, ``_local_tensor`` and ``_spec`` (its
     # ``__init__(local_tensor, spec)`` sets them), and the entry points of NumPy
-    # operations: the operators (those in place are below), ``__array_ufunc__``,
+    # operations: the operators (in place too: the ufunc into the left operand,
+    # as NumPy's out=), ``__array_ufunc__``,
     # ``redistribute`` and the reduction methods sum, mean, prod, max, min, all,
     # any, std, var, argmax and argmin (csrc/ext/ext_dtensor.c), and autograd's
     # ``_requires_grad`` bit and ``_grad_fn`` node (None for a leaf), which the
@@ -80,20 +71,6 @@ class DTensor(_C.DTensorBase):
     # DTensors, so keep identity hashing.
     __slots__ = ()
     __hash__ = object.__hash__
-
-    __iadd__ = _in_place(np.add, "__iadd__")
-    __isub__ = _in_place(np.subtract, "__isub__")
-    __imul__ = _in_place(np.multiply, "__imul__")
-    __imatmul__ = _in_place(np.matmul, "__imatmul__")
-    __itruediv__ = _in_place(np.true_divide, "__itruediv__")
-    __ifloordiv__ = _in_place(np.floor_divide, "__ifloordiv__")
-    __imod__ = _in_place(np.remainder, "__imod__")
-    __ipow__ = _in_place(np.power, "__ipow__")
-    __ilshift__ = _in_place(np.left_shift, "__ilshift__")
-    __irshift__ = _in_place(np.right_shift, "__irshift__")
-    __iand__ = _in_place(np.bitwise_and, "__iand__")
-    __ixor__ = _in_place(np.bitwise_xor, "__ixor__")
-    __ior__ = _in_place(np.bitwise_or, "__ior__")
 
     def __array_function__(self, func, types, args, kwargs):
         for t in types:

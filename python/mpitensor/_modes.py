@@ -36,7 +36,8 @@ class _State(_clib.struct("mt_ext_modes")):
     gradients. ``want``: the DTensor whose gradient a backward rule computes (its
     operations' outputs are headed to its layout), or None.
     ``implicit_replication``: depth of implicit_replication() blocks.
-    ``listeners``: entered CommDebugModes and DebugModes."""
+    ``listeners``: entered CommDebugModes and DebugModes. ``copy_views``: the
+    records of live copy-views by memory (mpitensor._algorithms._views's dict)."""
 
     __slots__ = ()
 

@@ -350,26 +350,62 @@ def test_a_reduction_the_dtype_lacks_is_refused_on_a_size_1_mesh_dim():
             np.exp(c)
 
 
-def test_out_takes_the_python_entry_and_other_keywords_do_not(mesh):
+def test_out_of_the_results_layout_runs_in_the_executor_other_keywords_too(mesh):
     a = mt.distribute_tensor(np.arange(16.0).reshape(4, 4), mesh, [Shard(0)])
     b = mt.distribute_tensor(np.ones((4, 4)), mesh, [Shard(0)])
     a + b
     out = mt.distribute_tensor(np.zeros((4, 4)), mesh, [Shard(0)])
-    before = entries()
+    o0 = out.to_local()
+    before = (runs(), entries())
     r = np.add(a, b, out=(out,))
-    assert r is out and entries() == before + 1
+    assert r is out and out.to_local() is o0
+    assert (runs() - before[0], entries() - before[1]) == (1, 0)
     assert np.array_equal(out.full_tensor(), np.arange(16.0).reshape(4, 4) + 1)
+    # an output of another layout: the Python entry moves the result into it
+    rep = mt.distribute_tensor(np.zeros((4, 4)), mesh, [Replicate()])
+    before = entries()
+    assert np.add(a, b, out=(rep,)) is rep and entries() == before + 1
+    assert rep.placements == (Replicate(),)
+    assert np.array_equal(rep.full_tensor(), np.arange(16.0).reshape(4, 4) + 1)
     before = (runs(), entries())
     r = np.add(a, b, dtype=np.float32)
     assert r.dtype == np.float32 and (runs() - before[0], entries() - before[1]) == (1, 0)
     a0 = a.to_local()
+    a * 2.0  # decided: the executor knows the result's layout
+    before = (runs(), entries())
     a += b  # in place, into a's own local array
-    assert a.to_local() is a0
-    assert np.array_equal(a.full_tensor(), np.arange(16.0).reshape(4, 4) + 1)
+    a *= 2.0
+    assert a.to_local() is a0 and (runs() - before[0], entries() - before[1]) == (2, 0)
+    assert np.array_equal(a.full_tensor(), (np.arange(16.0).reshape(4, 4) + 1) * 2)
     q, r = divmod(a, b)  # two outputs
-    assert np.array_equal(q.full_tensor(), np.arange(16.0).reshape(4, 4) + 1)
+    assert np.array_equal(q.full_tensor(), (np.arange(16.0).reshape(4, 4) + 1) * 2)
     with pytest.raises(TypeError):
         pow(a, b, 3)
+    with pytest.raises(TypeError):
+        a.__ipow__(b, 3)
+
+
+def test_a_write_into_a_base_of_copy_views_reaches_them_by_the_python_entry(mesh):
+    """While a copy-view lives (a basic index NumPy's view of a local array cannot
+    hold), an in-place operator takes the Python entry, whose write makes the
+    view again; once every rank learnt that none lives, the executor writes
+    alone."""
+    g = np.arange(24.0).reshape(6, 4)
+    base = mt.distribute_tensor(g, mesh, [Shard(0)])
+    one = mt.distribute_tensor(np.ones((6, 4)), mesh, [Shard(0)])
+    base + one
+    view = base[1:5:3]
+    before = entries()
+    base += one
+    assert entries() == before + (1 if W > 1 else 0)
+    assert np.array_equal(view.full_tensor(), (g + 1)[1:5:3])
+    assert np.array_equal(base.full_tensor(), g + 1)
+    del view
+    base += one  # the ranks learn that the view is gone
+    before = entries()
+    base += one
+    assert entries() == before
+    assert np.array_equal(base.full_tensor(), g + 3)
 
 
 def test_pending_async_data_is_completed(mesh):

@@ -44,7 +44,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import _comm, _registry, _strided
+from .. import _comm, _modes, _registry, _strided
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec
 
@@ -102,8 +102,12 @@ class _Record:
 # id(memory) -> the records of copy-views of DTensors whose local arrays are views
 # of that array (its memory's owner), in the order they were made, which is every
 # rank's. An entry goes with its memory (weakref.finalize); only a written memory
-# is looked up, and it lives on every rank.
+# is looked up, and it lives on every rank. The executor writes into a DTensor
+# itself only when this holds no records for its memory (the modes'
+# ``copy_views`` is this dict). The entry's finalizer runs no Python code: it runs
+# wherever a memory dies, which is not the same point on every rank.
 _records: dict[int, list[_Record]] = {}
+_modes.state.copy_views = _records
 
 # The memories with records that the outermost write in progress wrote into, in
 # the order it did (every rank's), and how deep in writes the program is: a write
