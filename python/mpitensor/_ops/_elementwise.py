@@ -101,12 +101,6 @@ def _array_ufunc(ufunc, method, *operands, **kwargs):
     if not _register_one(ufunc):
         raise _registry.NoRule(f"{_name_of(ufunc)} has no sharding rule for DTensors in "
                                f"mpitensor")
-    if len(kwargs) == 1 and ufunc.nout == 1 and ufunc is not np.matmul:
-        outs = kwargs.get("out")
-        if outs is not None and len(outs) == 1:
-            done = _into_layout(ufunc, operands, outs[0])
-            if done is not None:
-                return done
     name = _name_of(ufunc)
     for k in kwargs:
         if k not in _KWARGS:
@@ -154,38 +148,6 @@ def _array_ufunc(ufunc, method, *operands, **kwargs):
     for o in outs:
         run = functools.partial(_views.write, o, run)
     return run()
-
-
-def _into_layout(ufunc, operands, o):
-    """``ufunc(*operands, out=(o,))`` (``x op= y``) where it is a ufunc call into the
-    layout the executor gives its result: every operand a DTensor on ``o``'s mesh
-    (one at least) or a Python number, on a member of the mesh, and the decision's
-    placements and shape ``o``'s. Then the ufunc writes into ``o``'s local array by
-    the general path's own step (_into_fitting), without its checks of what cannot
-    occur here; None for anything else, which that path judges."""
-    if type(o) is not DTensor:
-        return None
-    spec = o._spec
-    mesh = spec.mesh
-    if mesh._coordinate is None:
-        return None
-    tensors = False
-    for x in operands:
-        if type(x) is DTensor:
-            if x._spec.mesh is not mesh:
-                return None
-            tensors = True
-        elif type(x) not in _NUMBERS:
-            return None
-    if not tensors:
-        return None
-    placements, shape, _ = D.decide(ufunc, operands)
-    if not _fits(placements, shape, (o,)):
-        return None
-    return _views.write(o, lambda: _into_fitting(mesh, ufunc, operands, {}, (o,)))
-
-
-_NUMBERS = frozenset((bool, int, float, complex))
 
 
 def _name_of(ufunc) -> str:
