@@ -15,9 +15,10 @@ anything moves, and the next call pairs.
 Only the call a program makes is agreed: the calls mpitensor makes inside an
 operation, a backward pass, an optimizer or a parallel style are made alike by
 construction. Under the collective checks (``MPITENSOR_CHECK=1``) the checker
-compares the collectives instead. Operators and plain ufunc calls without
-keywords (``a + b``, ``np.exp(a)``) take the executor's fast path and are not
-agreed: their arguments are DTensors and scalars the dispatch itself checks.
+compares the collectives instead. Operators, in place too, and plain ufunc calls
+without keywords (``a + b``, ``x += y``, ``np.exp(a)``) take the executor's fast
+path and are not agreed: their arguments are DTensors and scalars the dispatch
+itself checks.
 """
 
 from __future__ import annotations
