@@ -1,9 +1,10 @@
-/* The executor's doors: a ufunc call (operators, __array_ufunc__) and a
- * reduction method. Each normalises its arguments into one executor call; what
- * only Python can normalise (out=, other keywords, a user's register_sharding
- * rule, an operand it cannot read) it hands, whole, to the Python door of every
- * call written in Python (mpitensor._registry.door, the hook "door"), which
- * agrees on it and runs its entry. Beside them, what the Python door asks of C
+/* The executor's doors: a ufunc call (operators, in place too, __array_ufunc__)
+ * and a reduction method. Each normalises its arguments into one executor call,
+ * a ufunc's out= too when the result has the output's layout; what only Python
+ * can normalise (other outputs, other keywords, a user's register_sharding rule,
+ * an operand it cannot read) it hands, whole, to the Python door of every call
+ * written in Python (mpitensor._registry.door, the hook "door"), which agrees on
+ * it, unless the door did, and runs its entry. Beside them, what the Python door asks of C
  * about a call's arguments: whether one is strided or needs a gradient, and a
  * strided operand's expansion. */
 #include "ext.h"
