@@ -211,14 +211,20 @@ typedef struct mt_ext_sig {
   X(floor_divide, Py_nb_floor_divide) X(remainder, Py_nb_remainder)                    \
   X(left_shift, Py_nb_lshift) X(right_shift, Py_nb_rshift) X(bitwise_and, Py_nb_and)   \
   X(bitwise_xor, Py_nb_xor) X(bitwise_or, Py_nb_or) X(divmod, Py_nb_divmod)
-/* The operators in place, X(ufunc, number slot): the ufunc into the left operand. */
+/* The operators in place, X(ufunc, number slot, the operator not in place): the
+ * ufunc into the left operand. */
 #define MT_EXT_IN_PLACE(X)                                                             \
-  X(add, Py_nb_inplace_add) X(subtract, Py_nb_inplace_subtract)                        \
-  X(multiply, Py_nb_inplace_multiply) X(matmul, Py_nb_inplace_matrix_multiply)         \
-  X(true_divide, Py_nb_inplace_true_divide) X(floor_divide, Py_nb_inplace_floor_divide) \
-  X(remainder, Py_nb_inplace_remainder) X(left_shift, Py_nb_inplace_lshift)            \
-  X(right_shift, Py_nb_inplace_rshift) X(bitwise_and, Py_nb_inplace_and)               \
-  X(bitwise_xor, Py_nb_inplace_xor) X(bitwise_or, Py_nb_inplace_or)
+  X(add, Py_nb_inplace_add, PyNumber_Add)                                              \
+  X(subtract, Py_nb_inplace_subtract, PyNumber_Subtract)                               \
+  X(multiply, Py_nb_inplace_multiply, PyNumber_Multiply)                               \
+  X(matmul, Py_nb_inplace_matrix_multiply, PyNumber_MatrixMultiply)                    \
+  X(true_divide, Py_nb_inplace_true_divide, PyNumber_TrueDivide)                       \
+  X(floor_divide, Py_nb_inplace_floor_divide, PyNumber_FloorDivide)                    \
+  X(remainder, Py_nb_inplace_remainder, PyNumber_Remainder)                            \
+  X(left_shift, Py_nb_inplace_lshift, PyNumber_Lshift)                                 \
+  X(right_shift, Py_nb_inplace_rshift, PyNumber_Rshift)                                \
+  X(bitwise_and, Py_nb_inplace_and, PyNumber_And)                                      \
+  X(bitwise_xor, Py_nb_inplace_xor, PyNumber_Xor) X(bitwise_or, Py_nb_inplace_or, PyNumber_Or)
 #define MT_EXT_UNARY(X)                                                                \
   X(negative, Py_nb_negative) X(positive, Py_nb_positive) X(absolute, Py_nb_absolute)  \
   X(invert, Py_nb_invert)

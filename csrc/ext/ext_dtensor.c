@@ -61,18 +61,29 @@ static PyObject *unary(int op, PyObject *x) {
   return d == NULL ? NULL : mt_ext_ufunc(d, d->ufunc[op], &x, 1, NULL);
 }
 
-/* An operator in place, x op= y: the ufunc into x, as NumPy's out=(x,). */
-static PyObject *in_place(int op, PyObject *x, PyObject *y) {
+/* An operator in place, x op= y: the ufunc into x, as NumPy's out=(x,). Where
+ * that is not implemented, x op y, as CPython would do next: a C slot of a base
+ * class is also a subclass's sq_inplace_concat, which CPython would call again
+ * for +=, and take its NotImplemented as the result. */
+static PyObject *in_place(int op, PyObject *x, PyObject *y,
+                          PyObject *(*not_in_place)(PyObject *, PyObject *)) {
   mt_ext_dispatch *d = dispatch_of(x);
-  return d == NULL ? NULL : mt_ext_ufunc_in_place(d, d->ufunc[op], x, y);
+  PyObject *res = d == NULL ? NULL : mt_ext_ufunc_in_place(d, d->ufunc[op], x, y);
+  if (res != Py_NotImplemented) return res;
+  Py_DECREF(res);
+  return not_in_place(x, y);
 }
+
+static PyObject *power_of(PyObject *x, PyObject *y) { return PyNumber_Power(x, y, Py_None); }
 
 #define BINARY_SLOT(name, _) \
   static PyObject *nb_##name(PyObject *l, PyObject *r) { return binary(MT_UF_##name, l, r); }
 #define UNARY_SLOT(name, _) \
   static PyObject *nb_##name(PyObject *x) { return unary(MT_UF_##name, x); }
-#define IN_PLACE_SLOT(name, _) \
-  static PyObject *in_place_##name(PyObject *x, PyObject *y) { return in_place(MT_UF_##name, x, y); }
+#define IN_PLACE_SLOT(name, _, not_in_place)                  \
+  static PyObject *in_place_##name(PyObject *x, PyObject *y) { \
+    return in_place(MT_UF_##name, x, y, not_in_place);         \
+  }
 MT_EXT_BINARY(BINARY_SLOT)
 MT_EXT_UNARY(UNARY_SLOT)
 MT_EXT_IN_PLACE(IN_PLACE_SLOT)
@@ -86,7 +97,7 @@ static PyObject *nb_power(PyObject *l, PyObject *r, PyObject *mod) {
 
 /* cppcheck-suppress constParameter */
 static PyObject *in_place_power(PyObject *x, PyObject *y, PyObject *mod) {
-  if (mod == Py_None) return in_place(MT_UF_power, x, y);
+  if (mod == Py_None) return in_place(MT_UF_power, x, y, power_of);
   return PyErr_Format(PyExc_TypeError, "pow() with a modulus is not supported on DTensors");
 }
 
@@ -349,7 +360,7 @@ static PyType_Slot base_slots[] = {
     {Py_tp_richcompare, richcompare},
 #define SLOT(name, slot) {slot, nb_##name},
     MT_EXT_BINARY(SLOT) MT_EXT_UNARY(SLOT) {Py_nb_power, nb_power},
-#define IN_PLACE_SLOT_ENTRY(name, slot) {slot, in_place_##name},
+#define IN_PLACE_SLOT_ENTRY(name, slot, _) {slot, in_place_##name},
     MT_EXT_IN_PLACE(IN_PLACE_SLOT_ENTRY) {Py_nb_inplace_power, in_place_power},
     {0, NULL},
 };

@@ -383,6 +383,15 @@ def test_out_of_the_results_layout_runs_in_the_executor_other_keywords_too(mesh)
         pow(a, b, 3)
     with pytest.raises(TypeError):
         a.__ipow__(b, 3)
+    # what the ufunc does not take is x = x op y, as for any Python object: a
+    # TypeError here, and a stays
+    c = a
+    for bad in ("x", [1.0], object()):
+        with pytest.raises(TypeError, match="unsupported operand"):
+            c += bad
+        with pytest.raises(TypeError, match="unsupported operand"):
+            c **= bad
+        assert c is a
 
 
 def test_a_write_into_a_base_of_copy_views_reaches_them_by_the_python_entry(mesh):
