@@ -4,9 +4,9 @@
  * can normalise (other outputs, other keywords, a user's register_sharding rule,
  * an operand it cannot read) it hands, whole, to the Python door of every call
  * written in Python (mpitensor._registry.door, the hook "door"), which agrees on
- * it, unless the door did, and runs its entry. Beside them, what the Python door asks of C
- * about a call's arguments: whether one is strided or needs a gradient, and a
- * strided operand's expansion. */
+ * it, unless the C door did, and runs its entry. Beside them, what the Python
+ * door asks of C about a call's arguments: whether one is strided or needs a
+ * gradient, and a strided operand's expansion. */
 #include "ext.h"
 
 #include <string.h>
@@ -101,12 +101,12 @@ static inline mt_ext_sig *ufunc_sig(mt_ext_dispatch *d, PyObject *ufunc) {
   return d->last_sig >= 0 ? &d->sigs[d->last_sig] : NULL;
 }
 
-/* A ufunc call with a strided operand: the executor's plain reading when it has
- * one, else the Python door (which moves the operands to plain layouts). Out of
- * line, off the cached call's path. */
 static PyObject *ufunc_call(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
                             Py_ssize_t n, PyObject *kwnames, int agreed);
 
+/* A ufunc call with a strided operand: the executor's plain reading when it has
+ * one, else the Python door (which moves the operands to plain layouts). Out of
+ * line, off the cached call's path. */
 static MT_EXT_COLD PyObject *strided_ufunc(mt_ext_dispatch *d, PyObject *ufunc,
                                            PyObject *const *ops, Py_ssize_t n,
                                            PyObject *kwnames, int agreed) {
