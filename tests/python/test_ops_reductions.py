@@ -383,6 +383,24 @@ def test_a_short_last_axis_is_folded_with_numpys_bits(name, dtype, columns, monk
     assert bool(folds) == (columns < 8 and dt.to_local().size > 0)
 
 
+@pytest.mark.parametrize("name", ["max", "min"])
+@pytest.mark.parametrize("columns", [2, 7])
+def test_a_folded_extreme_without_zeros_or_nan_is_numpys(name, columns, monkeypatch):
+    """Where no row's extreme is a zero or NaN, the fold's own extreme is the
+    answer (the test above mostly sees NumPy's reduce, its rows having zeros and
+    NaN): its bits are NumPy's."""
+    from mpitensor._ops import _reductions
+    monkeypatch.setattr(_reductions, "_FOLD_MIN_SIZE", 0)
+    folds = []
+    fold = _reductions._fold
+    monkeypatch.setattr(_reductions, "_fold", lambda *a, **k: folds.append(1) or fold(*a, **k))
+    rng = np.random.default_rng(columns)
+    full = rng.uniform(1.0, 2.0, (3 * W + 50, columns)) * rng.choice([-1.0, 1.0], columns)
+    got = getattr(np, name)(make(full, mesh_of((W,)), [S0]), axis=1).full_tensor()
+    assert got.tobytes() == getattr(np, name)(full, axis=1).tobytes()
+    assert folds
+
+
 @pytest.mark.parametrize("name", ["std", "var"])
 @pytest.mark.parametrize("pls", [[R], [S0], [S1]], ids=str)
 def test_moments_take_the_array_apis_correction(name, pls):
