@@ -80,18 +80,30 @@ system-deps:
 # Editable install: Python files are used in place; C changes rebuild
 # incrementally in build/ on the next `make install`.
 install: $(VENV)/.deps
+ifndef INSTALLED
 	$(PIP) install -q --no-build-isolation -e .
 	$(PY) -c "import mpitensor"
+endif
 
 demo: install
 	mpiexec --oversubscribe -n 4 $(PY) -m mpi4py examples/quickstart.py
 
+# The parts run one after the other, each given INSTALLED=1 so that none installs
+# again; a pair a+b runs side by side (b's report shown after a's): the fuzz takes
+# one core, and the plain pytest run, which mostly waits for the processes it
+# starts, leaves most of the other idle.
+TEST_PARTS := test-c test-python test-plain+test-fuzz test-examples test-network \
+  test-multinode test-lint test-array-api-short
 test: install
 	@start=$$(date +%s); failed=; times=; export MT_FAILURES=$(abspath build/test-failures.txt); \
 	mkdir -p build; rm -f "$$MT_FAILURES"; \
-	for part in test-c test-python test-plain test-examples test-network test-multinode \
-	  test-lint test-fuzz test-array-api-short; do t=$$(date +%s); \
-	  $(MAKE) --no-print-directory $$part || failed="$$failed $$part"; \
+	for part in $(TEST_PARTS); do t=$$(date +%s); \
+	  second=; case $$part in *+*) second=$${part#*+}; part=$${part%+*};; esac; \
+	  if [ -n "$$second" ]; then $(MAKE) --no-print-directory INSTALLED=1 $$second \
+	    > build/$$second.log 2>&1 & pid=$$!; fi; \
+	  $(MAKE) --no-print-directory INSTALLED=1 $$part || failed="$$failed $$part"; \
+	  if [ -n "$$second" ]; then wait $$pid || failed="$$failed $$second"; \
+	    cat build/$$second.log; part="$$part+$$second"; fi; \
 	  times="$$times $$part $$(( $$(date +%s) - t ))s,"; done; \
 	echo "make test, each part:$${times%,}"; \
 	echo "make test: $$(( $$(date +%s) - start ))s, $$( [ -z "$$failed" ] && echo passed || echo "FAILED in:$$failed")"; \
