@@ -222,7 +222,7 @@ test-lint: $(VENV)/.deps
 	$(VENV)/bin/cmake --build build/lint -j2
 	ls csrc/*/*.c | grep -v -x -F -f .clang-tidy-skip \
 	  | xargs -P2 -n4 clang-tidy -p build/lint --quiet 2>/dev/null
-	cppcheck --quiet --error-exitcode=1 --enable=warning,style,performance,portability \
+	cppcheck -j2 --quiet --error-exitcode=1 --enable=warning,style,performance,portability \
 	  --std=c11 --library=python --inline-suppr --suppressions-list=.cppcheck-suppressions \
 	  -I csrc/include -I csrc/core -I csrc/comm -I csrc/io -I csrc/kernels csrc/
 	@echo "lint: no warnings, clang-tidy and cppcheck clean"

@@ -609,3 +609,34 @@ def test_a_value_sharded_along_cut_rows_on_a_2d_mesh():
         want = full.copy()
         want[2:7] = v
         assert_matches(x, want)
+
+
+def test_a_write_into_an_ndarray_takes_the_whole_result_as_numpy_writes_it():
+    """`a += dt`, `np.add(a, dt, out=a)`, a two-output ufunc into ndarrays: NumPy's
+    values in the caller's own arrays (not a DTensor in their place), the DTensor
+    gathered as np.asarray gathers it, counted; strict() refuses; a cast NumPy
+    refuses is NumPy's error on every rank."""
+    mesh = mesh_of((W,))
+    full = np.arange(5.0 * W + 1)
+    d = make(full, mesh, [S0])
+    a = np.ones_like(full)
+    mine = a
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mt.GatherWarning)
+        with CommDebugMode() as mode:
+            a += d
+        assert a is mine and np.array_equal(a, 1 + full)
+        if W > 1:
+            assert mode.get_comm_counts().get("all_gather_into_tensor", 0) >= 1
+        assert np.add(a, d, out=a) is a and np.array_equal(a, 1 + 2 * full)
+        q, r = np.empty_like(full), np.empty_like(full)
+        got = np.divmod(d, 3.0, out=(q, r))
+        assert got[0] is q and got[1] is r
+        assert np.array_equal(q, full // 3) and np.array_equal(r, full % 3)
+        ints = np.ones(full.shape, dtype=np.int64)
+        with pytest.raises(TypeError, match="Cannot cast"):
+            ints += d
+        assert (ints == 1).all()
+    with mt.strict(), pytest.raises(TypeError, match="numpy.add"):
+        a += d
+    assert np.array_equal(a, 1 + 2 * full)

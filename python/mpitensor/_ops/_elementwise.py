@@ -107,6 +107,10 @@ def _array_ufunc(ufunc, method, *operands, **kwargs):
             raise _registry.NoRule(f"{name}: the keyword argument {k}= is not supported "
                                    f"on DTensors")
     out = kwargs.get("out")
+    if out and not any(type(o) is DTensor for o in out):
+        # NumPy's `a += dt` with `a` an ndarray: the whole result written into `a`,
+        # gathered as np.asarray(dt) gathers (warned, counted), and `a` returned.
+        return _registry.gather_call(ufunc, operands, kwargs, name)
     if (out and type(out[0]) is DTensor and _modes.state.implicit_replication
             and not any(type(x) is DTensor for x in operands)):
         # Every input plain, written into a DTensor: replicated on the output's mesh.

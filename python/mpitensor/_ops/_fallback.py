@@ -192,8 +192,10 @@ def gather_call(func, args: tuple, kwargs: dict, name: str | None = None,
     for target in written:
         _inplace.write_result(name, target, _wrapped(whole[id(target)], mesh))
     out = kwargs.get("out")
-    if out is not None and written:
-        # A ufunc's out= arrives as a tuple, and a one-output ufunc returns the array.
+    if out is not None:
+        # NumPy returns what it wrote into: the DTensors written back above, or the
+        # caller's own ndarrays. A ufunc's out= arrives as a tuple, and a one-output
+        # ufunc returns the array.
         return out[0] if isinstance(out, tuple) and len(out) == 1 else out
     return _wrapped(result, mesh)
 
