@@ -640,3 +640,35 @@ def test_a_write_into_an_ndarray_takes_the_whole_result_as_numpy_writes_it():
     with mt.strict(), pytest.raises(TypeError, match="numpy.add"):
         a += d
     assert np.array_equal(a, 1 + 2 * full)
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, o: np.copyto(o, x),
+    lambda x, o: np.copyto(o, x, where=np.arange(x.shape[1]) % 2 == 0),
+    lambda x, o: np.clip(x, 2.0, 5.0, out=o),
+    lambda x, o: np.sum(x, axis=0, out=o[0]),
+    lambda x, o: x.sum(axis=0, out=o[0]),
+    lambda x, o: np.mean(x, axis=0, out=o[0]),
+    lambda x, o: np.std(x, axis=0, ddof=1, out=o[0]),
+    lambda x, o: np.max(x, axis=0, keepdims=True, out=o[:1]),
+    lambda x, o: np.logaddexp.reduce(x, axis=0, out=o[0]),
+], ids=["copyto", "copyto-where", "clip", "sum", "sum-method", "mean", "std", "max",
+        "logaddexp.reduce"])
+def test_numpy_functions_write_their_whole_answer_into_an_ndarray(call):
+    """A NumPy function whose destination is an ndarray (np.copyto's dst, out=)
+    writes NumPy's values into it and returns it, whatever the DTensor's layout;
+    a destination of the wrong shape is NumPy's error on every rank."""
+    full = np.arange(3.0 * (W + 1) * 4).reshape(3 * (W + 1), 4) % 7
+    for mesh, pls in corner_layouts(2):
+        x = make(full, mesh, pls)
+        got, want = np.full_like(full, -1.0), np.full_like(full, -1.0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", mt.GatherWarning)
+            r = call(x, got)
+        r_want = call(full, want)
+        assert np.array_equal(got, want), pls
+        assert (r is None and r_want is None) or r is got or r.base is got
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mt.GatherWarning)
+        with pytest.raises(ValueError):
+            call(x, np.zeros((2, 2, 2)))

@@ -271,7 +271,7 @@ def test_unsupported_arguments():
     dt = make(np.ones((4, 2)), mesh, [S0])
     with pytest.raises(ValueError, match="out= has shape"):
         np.sum(dt, out=dt)
-    with pytest.raises(TypeError, match="out= must be a DTensor"):
+    with pytest.raises(TypeError, match="numpy.sum"):  # strict(): no gather into it
         np.sum(dt, axis=0, out=np.zeros(2))
     out = make(np.zeros(2), mesh, [Replicate()])
     assert np.sum(dt, axis=0, out=out) is out

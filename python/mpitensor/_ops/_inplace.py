@@ -489,8 +489,10 @@ def copyto(dst, src, casting="same_kind", where=True) -> None:
     on the mesh when a DTensor operand must move to follow ``dst``, else local."""
     name = "numpy.copyto"
     if type(dst) is not DTensor:
-        raise TypeError(f"{name}: a DTensor source needs a DTensor destination "
-                        f"(use .full_tensor() or .to_local() for an ndarray)")
+        # An ndarray destination takes the whole source, as NumPy writes it: gathered
+        # as np.asarray gathers (warned, counted; strict() refuses).
+        return _registry.gather_call(np.copyto, (dst, src),
+                                     {"casting": casting, "where": where}, name)
     if type(where) is DTensor and np.dtype(where.dtype) != np.bool_:
         raise TypeError(f"{name}: where= must be boolean, not {where.dtype}")
     s, kept = _local_operand(name, dst, src)

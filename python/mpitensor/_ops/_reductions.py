@@ -53,8 +53,9 @@ def _reduce(name, a, axis, keepdims, out, extra):
     if type(a) is not DTensor:
         raise TypeError(f"{fname}: expected a DTensor, got {type(a).__name__}")
     if out is not None:
-        if type(out) is not DTensor:
-            raise TypeError(f"{fname}: out= must be a DTensor")
+        if type(out) is not DTensor:  # NumPy's answer in the caller's ndarray, gathered
+            return _registry.gather_call(_RULES[name][0], (a,), dict(
+                axis=axis, keepdims=keepdims, out=out, **extra), fname)
         write_result(fname, out, _reduce(name, a, axis, keepdims, None, extra))
         return out
     for k in extra:

@@ -102,8 +102,9 @@ def clip(a, a_min=np._NoValue, a_max=np._NoValue, out=None, *, min=np._NoValue,
         raise TypeError("numpy.clip: keyword arguments other than out= are not "
                         "supported on DTensors")
     if out is not None:
-        if type(out) is not DTensor:
-            raise TypeError("numpy.clip: out= must be a DTensor")
+        if type(out) is not DTensor:  # NumPy's answer in the caller's ndarray, gathered
+            return _registry.gather_call(np.clip, (a, a_min, a_max),
+                                         {"out": out, "min": min, "max": max}, "numpy.clip")
         write_result("numpy.clip", out, clip(a, a_min, a_max, min=min, max=max))
         return out
     if min is np._NoValue and max is np._NoValue and a_min is not np._NoValue \

@@ -114,8 +114,9 @@ def logaddexp_reduce(ufunc, a, axis=0, dtype=None, out=None, keepdims=False, **k
     kind = _fold.kind(ufunc, a.dtype, dtype, "reduce")  # NumPy's TypeError, if any
     if out is not None:
         from_out = out[0] if isinstance(out, tuple) else out
-        if type(from_out) is not DTensor:
-            raise TypeError(f"{name}: out= must be a DTensor")
+        if type(from_out) is not DTensor:  # NumPy's answer in the caller's ndarray
+            return _registry.gather_call(ufunc.reduce, (a,), dict(
+                axis=axis, dtype=dtype, out=out, keepdims=keepdims), name)
         write_result(name, from_out, logaddexp_reduce(ufunc, a, axis, dtype,
                                                        keepdims=keepdims))
         return from_out
