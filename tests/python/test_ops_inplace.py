@@ -642,22 +642,35 @@ def test_a_write_into_an_ndarray_takes_the_whole_result_as_numpy_writes_it():
     assert np.array_equal(a, 1 + 2 * full)
 
 
-@pytest.mark.parametrize("call", [
-    lambda x, o: np.copyto(o, x),
-    lambda x, o: np.copyto(o, x, where=np.arange(x.shape[1]) % 2 == 0),
-    lambda x, o: np.clip(x, 2.0, 5.0, out=o),
-    lambda x, o: np.sum(x, axis=0, out=o[0]),
-    lambda x, o: x.sum(axis=0, out=o[0]),
-    lambda x, o: np.mean(x, axis=0, out=o[0]),
-    lambda x, o: np.std(x, axis=0, ddof=1, out=o[0]),
-    lambda x, o: np.max(x, axis=0, keepdims=True, out=o[:1]),
-    lambda x, o: np.logaddexp.reduce(x, axis=0, out=o[0]),
-], ids=["copyto", "copyto-where", "clip", "sum", "sum-method", "mean", "std", "max",
-        "logaddexp.reduce"])
-def test_numpy_functions_write_their_whole_answer_into_an_ndarray(call):
+# (call, whether NumPy refuses a target of another shape: put, putmask and place
+# write by flat positions)
+INTO_NDARRAY = {
+    "copyto": (lambda x, o: np.copyto(o, x), True),
+    "copyto-where": (lambda x, o: np.copyto(o, x, where=np.arange(x.shape[1]) % 2 == 0), True),
+    "clip": (lambda x, o: np.clip(x, 2.0, 5.0, out=o), True),
+    "sum": (lambda x, o: np.sum(x, axis=0, out=o[0]), True),
+    "sum-method": (lambda x, o: x.sum(axis=0, out=o[0]), True),
+    "mean": (lambda x, o: np.mean(x, axis=0, out=o[0]), True),
+    "std": (lambda x, o: np.std(x, axis=0, ddof=1, out=o[0]), True),
+    "max": (lambda x, o: np.max(x, axis=0, keepdims=True, out=o[:1]), True),
+    "logaddexp.reduce": (lambda x, o: np.logaddexp.reduce(x, axis=0, out=o[0]), True),
+    "round-out-by-position": (lambda x, o: np.round(x, 1, o), True),
+    "round-method-out-by-position": (lambda x, o: x.round(1, o), True),
+    "einsum": (lambda x, o: np.einsum("ij->ij", x, out=o), True),
+    "put": (lambda x, o: np.put(o, [0, 5, 9], x[1, :3]), False),
+    "putmask": (lambda x, o: np.putmask(o, np.arange(o.size).reshape(o.shape) % 3 == 0, x),
+                False),
+    "place": (lambda x, o: np.place(o, np.arange(o.size).reshape(o.shape) % 3 == 0, x[0]),
+              False),
+}
+
+
+@pytest.mark.parametrize("case", list(INTO_NDARRAY))
+def test_numpy_functions_write_their_whole_answer_into_an_ndarray(case):
     """A NumPy function whose destination is an ndarray (np.copyto's dst, out=)
     writes NumPy's values into it and returns it, whatever the DTensor's layout;
     a destination of the wrong shape is NumPy's error on every rank."""
+    call, shaped = INTO_NDARRAY[case]
     full = np.arange(3.0 * (W + 1) * 4).reshape(3 * (W + 1), 4) % 7
     for mesh, pls in corner_layouts(2):
         x = make(full, mesh, pls)
@@ -668,7 +681,32 @@ def test_numpy_functions_write_their_whole_answer_into_an_ndarray(call):
         r_want = call(full, want)
         assert np.array_equal(got, want), pls
         assert (r is None and r_want is None) or r is got or r.base is got
+    if not shaped:
+        return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", mt.GatherWarning)
         with pytest.raises(ValueError):
             call(x, np.zeros((2, 2, 2)))
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, o: np.round(x, 1, o),
+    lambda x, o: x.round(1, o),
+    lambda x, o: np.cumsum(x, 0, None, o),
+    lambda x, o: np.add(x, 1.0, o),
+], ids=["round", "round-method", "cumsum", "add"])
+def test_an_out_given_by_position_is_written(call):
+    """``out`` passed in its place, not by keyword, into a DTensor: written, also
+    where the call runs on the gathered arrays (round's out= has no rule); it was
+    left unchanged there, without a word."""
+    full = np.arange(3.0 * (W + 1) * 4).reshape(3 * (W + 1), 4) / 3
+    for mesh, pls in corner_layouts(2):
+        x = make(full, mesh, pls)
+        o = make(np.zeros_like(full), mesh, [R] * mesh.ndim)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", mt.GatherWarning)
+            r = call(x, o)
+        want = np.zeros_like(full)
+        call(full, want)
+        assert r is o
+        assert_matches(o, want)

@@ -26,6 +26,8 @@ mesh's first rank only, so that one file is written once. What NumPy writes into
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import os
 import threading
 import warnings
@@ -188,10 +190,10 @@ def gather_call(func, args: tuple, kwargs: dict, name: str | None = None,
     if func in _WRITERS:
         return _write_once(mesh, func, plain_args, plain_kwargs, name)
     result = func(*plain_args, **plain_kwargs)
-    written = _written(func, name, args, kwargs)
+    out = _out_of(func, args, kwargs)
+    written = _written(func, name, args, out)
     for target in written:
         _inplace.write_result(name, target, _wrapped(whole[id(target)], mesh))
-    out = kwargs.get("out")
     if out is not None:
         # NumPy returns what it wrote into: the DTensors written back above, or the
         # caller's own ndarrays. A ufunc's out= arrives as a tuple, and a one-output
@@ -200,10 +202,35 @@ def gather_call(func, args: tuple, kwargs: dict, name: str | None = None,
     return _wrapped(result, mesh)
 
 
-def _written(func, name: str, args: tuple, kwargs: dict) -> list:
-    """The DTensors that NumPy wrote into on the gathered copies: ``out=``'s, and
+def _out_of(func, args: tuple, kwargs: dict):
+    """The call's ``out=``, given by keyword or in its place among the positional
+    arguments (``np.round(a, 1, o)``, ``dt.round(1, o)``, ``np.add(a, b, o)``)."""
+    if "out" in kwargs:
+        return kwargs["out"]
+    if isinstance(func, np.ufunc):
+        return tuple(args[func.nin:]) or None
+    at = _out_position(func)
+    return args[at] if at is not None and at < len(args) else None
+
+
+@functools.cache
+def _out_position(func) -> int | None:
+    """Where ``out`` stands among ``func``'s positional parameters, if it does."""
+    try:
+        params = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature
+        return None
+    for k, p in enumerate(params):
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            return None
+        if p.name == "out":
+            return k
+    return None
+
+
+def _written(func, name: str, args: tuple, out) -> list:
+    """The DTensors that NumPy wrote into on the gathered copies: ``out``'s, and
     the first argument of an in-place function (``ufunc.at``, ``np.put``, ...)."""
-    out = kwargs.get("out")
     targets = list(out) if isinstance(out, tuple) else [out]
     # A function that writes into its first argument is registered with no
     # backward (autograd's table of writes), the table the executor reads too.

@@ -144,8 +144,8 @@ def einsum(subscripts, *operands, out=None, optimize=False, **kwargs):
     """np.einsum with explicit "->" subscripts on DTensors (all operands DTensors)."""
     name = "numpy.einsum"
     if out is not None or kwargs:
-        raise TypeError(f"{name}: out= and {', '.join(kwargs) or 'out'}= are not "
-                        f"supported on DTensors")
+        raise _registry.NoRule(f"{name}: {', '.join(sorted(kwargs)) or 'out'}= has no "
+                               f"distributed rule")
     operands = D.implicit(operands)
     for x in operands:
         if type(x) is not DTensor:

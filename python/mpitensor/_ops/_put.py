@@ -34,9 +34,11 @@ __all__ = ["put", "place"]
 
 
 def _target(name, a):
-    """The DTensor ``a`` written in place, when a rule covers it."""
+    """The DTensor ``a`` written in place, when a rule covers it: an ndarray target
+    takes NumPy's write of the gathered values (the fallback)."""
     if type(a) is not DTensor:
-        raise TypeError(f"{name}: expected a DTensor, got {type(a).__name__}")
+        raise _registry.NoRule(f"{name}: a DTensor written into a {type(a).__name__} "
+                               f"has no distributed rule")
     if (any(p.is_partial() or (p.is_shard() and type(p) is not Shard)
             for p in a._spec.placements)
             or (a.requires_grad and _modes.state.grad_enabled)):
