@@ -164,13 +164,13 @@ def _traced(func, args: tuple, kwargs: dict, name, from_c: bool, flags: int = -1
 
 def _entry(func, args: tuple, kwargs: dict, name, from_c: bool, flags: int = -1):
     """The registered entry; where its rule does not cover the arguments, NumPy on
-    the gathered arrays, except for the C doors' calls (their NoRule is raised:
-    the ufuncs' entry gathers itself). ``flags``: ``_C.call_flags`` of the
+    the gathered arrays, except for the ufunc calls of the C doors (their NoRule is
+    raised: the ufuncs' entry gathers itself). ``flags``: ``_C.call_flags`` of the
     arguments when known (-1 otherwise)."""
-    if from_c:
+    if from_c and func is np.ufunc:
         return _run(func, args, kwargs, True, flags)
     try:
-        return _run(func, args, kwargs, False, flags)
+        return _run(func, args, kwargs, from_c, flags)
     except NoRule as e:
         return gather_call(func, args, kwargs, name, cause=e)
 
@@ -180,8 +180,8 @@ def door_from_c(func, args: tuple, kwargs: dict, agreed: bool = False):
     "door"): a ufunc call or method as ``(numpy.ufunc, (ufunc, method,
     *operands), kwargs)``, a reduction method as NumPy's function (``agreed``:
     by :func:`agree_method` already). Agreed as :func:`door` agrees, on the frame
-    that called the C door; a NoRule is raised, not gathered (the ufuncs' entry
-    gathers itself). Collective on the mesh when the call is agreed or moves data.
+    that called the C door; a ufunc's NoRule is raised, not gathered (the ufuncs'
+    entry gathers itself), a reduction method's gathers as its function does. Collective on the mesh when the call is agreed or moves data.
 
     Example: ``door_from_c(np.sum, (dt,), {"dtype": np.float32})``.
     """
