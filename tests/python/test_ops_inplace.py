@@ -648,6 +648,7 @@ INTO_NDARRAY = {
     "copyto": (lambda x, o: np.copyto(o, x), True),
     "copyto-where": (lambda x, o: np.copyto(o, x, where=np.arange(x.shape[1]) % 2 == 0), True),
     "clip": (lambda x, o: np.clip(x, 2.0, 5.0, out=o), True),
+    "clip-where": (lambda x, o: np.clip(x, 2.0, 5.0, out=o, where=np.arange(4) < 2), True),
     "sum": (lambda x, o: np.sum(x, axis=0, out=o[0]), True),
     "sum-method": (lambda x, o: x.sum(axis=0, out=o[0]), True),
     "mean": (lambda x, o: np.mean(x, axis=0, out=o[0]), True),

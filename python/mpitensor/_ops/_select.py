@@ -99,8 +99,8 @@ def clip(a, a_min=np._NoValue, a_max=np._NoValue, out=None, *, min=np._NoValue,
     ``np.clip`` of their full arrays.
     """
     if kwargs:
-        raise TypeError("numpy.clip: keyword arguments other than out= are not "
-                        "supported on DTensors")
+        raise _registry.NoRule(f"numpy.clip: {', '.join(sorted(kwargs))}= has no "
+                               f"distributed rule")
     if out is not None:
         if type(out) is not DTensor:  # NumPy's answer in the caller's ndarray, gathered
             return _registry.gather_call(np.clip, (a, a_min, a_max),
