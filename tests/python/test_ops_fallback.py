@@ -180,6 +180,7 @@ def test_the_gather_is_counted_and_warned_once_per_function():
         np.kron(v, v)
     kinds = [w for w in caught if issubclass(w.category, mt.GatherWarning)]
     assert len(kinds) == 1 and "numpy.kron" in str(kinds[0].message)
+    assert kinds[0].filename == __file__  # the program's line, not mpitensor's
     assert f"{8 * W * 8} bytes" in str(kinds[0].message)
     if W > 1:
         assert comm.get_comm_counts().get("all_gather_into_tensor", 0) >= 1

@@ -29,6 +29,7 @@ import contextlib
 import functools
 import inspect
 import os
+import sys
 import threading
 import warnings
 
@@ -181,7 +182,8 @@ def gather_call(func, args: tuple, kwargs: dict, name: str | None = None,
             f"{name} has no distributed rule in mpitensor: its DTensor arguments were "
             f"gathered on every rank ({need} bytes each) and NumPy ran on the whole "
             f"arrays; the result is replicated (this warning comes once per function; "
-            f"mpitensor.strict() makes such calls a TypeError)", GatherWarning, stacklevel=4)
+            f"mpitensor.strict() makes such calls a TypeError)", GatherWarning,
+            stacklevel=_program_level())
     # Copies: NumPy may write into them (out=, in-place functions), and a local
     # array of a Replicate DTensor is that DTensor's own.
     whole = {k: np.array(t.redistribute(mesh, [Replicate()] * mesh.ndim).to_local())
@@ -226,6 +228,20 @@ def _out_position(func) -> int | None:
         if p.name == "out":
             return k
     return None
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _program_level() -> int:
+    """The stacklevel, for its caller's warnings.warn, of the first frame outside
+    mpitensor: the warning names the line of the program (or library) that made
+    the call, whichever of mpitensor's doors it came through."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        level += 1
+        frame = frame.f_back
+    return level
 
 
 def _written(func, name: str, args: tuple, out) -> list:
