@@ -181,7 +181,8 @@ def door_from_c(func, args: tuple, kwargs: dict, agreed: bool = False):
     *operands), kwargs)``, a reduction method as NumPy's function (``agreed``:
     by :func:`agree_method` already). Agreed as :func:`door` agrees, on the frame
     that called the C door; a ufunc's NoRule is raised, not gathered (the ufuncs'
-    entry gathers itself), a reduction method's gathers as its function does. Collective on the mesh when the call is agreed or moves data.
+    entry gathers itself), a reduction method's gathers as its function does.
+    Collective on the mesh when the call is agreed or moves data.
 
     Example: ``door_from_c(np.sum, (dt,), {"dtype": np.float32})``.
     """
