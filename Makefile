@@ -89,11 +89,11 @@ demo: install
 	mpiexec --oversubscribe -n 4 $(PY) -m mpi4py examples/quickstart.py
 
 # The parts run one after the other, each given INSTALLED=1 so that none installs
-# again; a pair a+b runs side by side (b's report shown after a's): the fuzz takes
-# one core, and the plain pytest run, which mostly waits for the processes it
-# starts, leaves most of the other idle.
-TEST_PARTS := test-c test-python test-plain+test-fuzz test-examples test-network \
-  test-multinode test-lint test-array-api-short
+# again; a pair a+b runs side by side (b's report shown after a's), where the first
+# leaves a core mostly idle: the one-rank pass and the plain pytest run spend much
+# of their time waiting for the jobs their tests start.
+TEST_PARTS := test-c test-python-1+test-lint test-python-2 test-python-3 test-python-4 \
+  test-plain+test-fuzz test-examples test-network test-multinode test-array-api-short
 test: install
 	@start=$$(date +%s); failed=; times=; export MT_FAILURES=$(abspath build/test-failures.txt); \
 	mkdir -p build; rm -f "$$MT_FAILURES"; \
@@ -120,6 +120,10 @@ test-c: $(VENV)/.deps
 
 test-python: install
 	@status=0; for np in $(NPS); do tests/run_mpi_pytest.sh $$np || status=1; done; exit $$status
+
+# One pass of test-python, at the rank count the name ends with, as a part of its own.
+test-python-%: install
+	tests/run_mpi_pytest.sh $*
 
 # Plain pytest, as users run it: the mpi-marked tests (each started under mpiexec by
 # the pytest_mpitensor plugin; only the files that mark any are collected, since the
