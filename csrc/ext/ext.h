@@ -230,6 +230,8 @@ typedef struct mt_ext_sig {
   X(invert, Py_nb_invert)
 #define MT_EXT_COMPARE(X) \
   X(less, 0) X(less_equal, 0) X(equal, 0) X(not_equal, 0) X(greater, 0) X(greater_equal, 0)
+/* The ufuncs NumPy's ** takes for a few exponents (nb_power says which). */
+#define MT_EXT_POWER_PATHS(X) X(square, 0) X(reciprocal, 0) X(sqrt, 0)
 #define MT_EXT_REDUCTIONS(X)                                                          \
   X(sum, 1) X(mean, 1) X(prod, 1) X(max, 1) X(min, 1) X(all, 0) X(any, 0) X(std, 0)    \
   X(var, 0) X(argmax, 0) X(argmin, 0)
@@ -237,7 +239,7 @@ typedef struct mt_ext_sig {
 #define MT_EXT_REDUCTION_INDEX(name, _) MT_RED_##name,
 /* Indices into mt_ext_dispatch.ufunc and its reduction arrays. */
 enum { MT_EXT_BINARY(MT_EXT_UFUNC_INDEX) MT_UF_power, MT_EXT_UNARY(MT_EXT_UFUNC_INDEX)
-       MT_EXT_COMPARE(MT_EXT_UFUNC_INDEX) MT_EXT_NUFUNC };
+       MT_EXT_COMPARE(MT_EXT_UFUNC_INDEX) MT_EXT_POWER_PATHS(MT_EXT_UFUNC_INDEX) MT_EXT_NUFUNC };
 enum { MT_EXT_REDUCTIONS(MT_EXT_REDUCTION_INDEX) MT_EXT_NREDUCTION };
 /* The freed DTensors kept for reuse (ext_dtensor.c, ext_spec.c): enough for the temporaries
  * of an expression, few enough to hold little memory. */
@@ -532,7 +534,8 @@ PyObject *mt_ext_execute(mt_ext_dispatch *d, const mt_ext_op *op, mt_ext_call *c
 PyObject *mt_ext_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
                        Py_ssize_t n, PyObject *kwnames);
 /* x op= y: the ufunc into x (out=(x,)), not agreed: an operator's operands are
- * DTensors and scalars, as the executor's fast path takes them. */
+ * DTensors and scalars, as the executor's fast path takes them. y NULL: a unary
+ * ufunc into x. */
 PyObject *mt_ext_ufunc_in_place(mt_ext_dispatch *d, PyObject *ufunc, PyObject *x,
                                 PyObject *y);
 PyObject *mt_ext_reduction(mt_ext_dispatch *d, int method, PyObject *self,

@@ -88,17 +88,45 @@ MT_EXT_BINARY(BINARY_SLOT)
 MT_EXT_UNARY(UNARY_SLOT)
 MT_EXT_IN_PLACE(IN_PLACE_SLOT)
 
+/* The ufunc NumPy's ** takes in place of power for a DTensor x raised to y, or -1:
+ * an exact int 2 squares whatever the dtype, an exact int -1 and an exact float 0.5
+ * take reciprocal and sqrt for floating and complex dtypes (NumPy's
+ * fast_scalar_power). Their results differ from power's, in dtype (a bool squared
+ * is int8) or in the last bit of complex values, so DTensors take the same paths. */
+static int power_path(PyObject *x, PyObject *y) {
+  if (base_of(x) == NULL) return -1;
+  PyObject *local = ((mt_ext_dtensor *)x)->local;
+  if (local == NULL || !PyArray_Check(local)) return -1;
+  PyArray_Descr *descr = PyArray_DESCR((PyArrayObject *)local);
+  int inexact = PyDataType_ISFLOAT(descr) || PyDataType_ISCOMPLEX(descr);
+  if (PyLong_CheckExact(y)) {
+    int overflow = 0;
+    long e = PyLong_AsLongAndOverflow(y, &overflow);
+    if (e == -1 && PyErr_Occurred()) PyErr_Clear();
+    if (overflow) return -1;
+    if (e == 2) return MT_UF_square;
+    return e == -1 && inexact ? MT_UF_reciprocal : -1;
+  }
+  return PyFloat_CheckExact(y) && PyFloat_AS_DOUBLE(y) == 0.5 && inexact ? MT_UF_sqrt : -1;
+}
+
 /* CPython's ternaryfunc fixes the parameter types. */
 /* cppcheck-suppress constParameter */
 static PyObject *nb_power(PyObject *l, PyObject *r, PyObject *mod) {
-  if (mod == Py_None) return binary(MT_UF_power, l, r);
-  return PyErr_Format(PyExc_TypeError, "pow() with a modulus is not supported on DTensors");
+  if (mod != Py_None)
+    return PyErr_Format(PyExc_TypeError, "pow() with a modulus is not supported on DTensors");
+  int path = power_path(l, r);
+  return path < 0 ? binary(MT_UF_power, l, r) : unary(path, l);
 }
 
 /* cppcheck-suppress constParameter */
 static PyObject *in_place_power(PyObject *x, PyObject *y, PyObject *mod) {
-  if (mod == Py_None) return in_place(MT_UF_power, x, y, power_of);
-  return PyErr_Format(PyExc_TypeError, "pow() with a modulus is not supported on DTensors");
+  if (mod != Py_None)
+    return PyErr_Format(PyExc_TypeError, "pow() with a modulus is not supported on DTensors");
+  int path = power_path(x, y);
+  if (path < 0) return in_place(MT_UF_power, x, y, power_of);
+  mt_ext_dispatch *d = dispatch_of(x);
+  return d == NULL ? NULL : mt_ext_ufunc_in_place(d, d->ufunc[path], x, NULL);
 }
 
 static PyObject *richcompare(PyObject *self, PyObject *other, int op) {

@@ -232,9 +232,60 @@ static PyObject *only_out(const mt_ext_dispatch *d, PyObject *const *ops, Py_ssi
   return Py_TYPE(o) == d->dtensor ? o : NULL;
 }
 
+/* Whether power(x, e) of a DTensor x of a bool or integer dtype and a negative
+ * integer scalar e must raise NumPy's ValueError: NumPy's integer loop raises it
+ * only where it has elements, so that ranks whose blocks are empty would go on
+ * while the others raise. Decided here from the global shape and the agreed
+ * scalar instead, alike on every rank. (A Python int's negative to an unsigned
+ * dtype is NumPy's OverflowError, raised on every rank as it converts it.) */
+static int negative_int_power(const mt_ext_dispatch *d, PyObject *x, PyObject *e) {
+  if (!mt_ext_is_dtensor(d, x)) return 0;
+  PyObject *spec = ((mt_ext_dtensor *)x)->spec;
+  PyArray_Descr *descr = (PyArray_Descr *)PyTuple_GET_ITEM(spec, 3);
+  int unsigned_ = PyDataType_ISUNSIGNED(descr);
+  if (!(PyDataType_ISBOOL(descr) || PyDataType_ISINTEGER(descr))) return 0;
+  long long v;
+  if (PyLong_CheckExact(e) && !unsigned_) {
+    int overflow = 0;
+    v = PyLong_AsLongLongAndOverflow(e, &overflow);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (overflow < 0) v = -1;
+  } else if (PyArray_IsScalar(e, SignedInteger)) {
+    v = PyLong_AsLongLong(e);
+    if (v == -1 && PyErr_Occurred()) return -1;
+  } else {
+    return 0;
+  }
+  if (v >= 0) return 0;
+  PyObject *shape = PyTuple_GET_ITEM(spec, 2);
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape); ++i)
+    if (PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i)) == 0) return 0;
+  PyErr_SetString(PyExc_ValueError, "Integers to negative integer powers are not allowed.");
+  return -1;
+}
+
+/* Whether the call writes into a bool out=: NumPy refuses to cast an integer
+ * power's result into it, on every rank, before its loop could raise. */
+static int into_bool(const mt_ext_dispatch *d, PyObject *const *ops, Py_ssize_t n,
+                     PyObject *kwnames) {
+  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t i = 0; i < nkw; ++i) {
+    if (PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, i), d->str[MT_S_OUT]) != 0) continue;
+    PyObject *o = ops[n + i];
+    if (PyTuple_CheckExact(o) && PyTuple_GET_SIZE(o) == 1) o = PyTuple_GET_ITEM(o, 0);
+    if (mt_ext_is_dtensor(d, o))
+      return PyDataType_ISBOOL((PyArray_Descr *)PyTuple_GET_ITEM(((mt_ext_dtensor *)o)->spec, 3));
+    return PyArray_Check(o) && PyArray_ISBOOL((PyArrayObject *)o);
+  }
+  return 0;
+}
+
 /* A ufunc call; `agreed`: it needs no agreement (an operator's). */
 static PyObject *ufunc_call(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
                             Py_ssize_t n, PyObject *kwnames, int agreed) {
+  if (n == 2 && ufunc == d->ufunc[MT_UF_power] && !into_bool(d, ops, n, kwnames) &&
+      negative_int_power(d, ops[0], ops[1]) < 0)
+    return NULL;
   mt_ext_sig *sig = ufunc_sig(d, ufunc);
   int kw = plain_keywords(d, kwnames), strided = 0, rc = 0;
   mt_ext_call c;
@@ -274,8 +325,8 @@ PyObject *mt_ext_ufunc_in_place(mt_ext_dispatch *d, PyObject *ufunc, PyObject *x
                                 PyObject *y) {
   PyObject *out = PyTuple_Pack(1, x);
   if (out == NULL) return NULL;
-  PyObject *ops[3] = {x, y, out};
-  PyObject *res = ufunc_call(d, ufunc, ops, 2, d->kw_out, 1);
+  PyObject *ops[3] = {x, y != NULL ? y : out, out};
+  PyObject *res = ufunc_call(d, ufunc, ops, y != NULL ? 2 : 1, d->kw_out, 1);
   Py_DECREF(out);
   return res;
 }

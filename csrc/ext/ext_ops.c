@@ -8,7 +8,8 @@
 
 #define NAME(name, _) #name,
 static const char *const ufunc_names[MT_EXT_NUFUNC] = {
-    MT_EXT_BINARY(NAME) "power", MT_EXT_UNARY(NAME) MT_EXT_COMPARE(NAME)};
+    MT_EXT_BINARY(NAME) "power", MT_EXT_UNARY(NAME) MT_EXT_COMPARE(NAME)
+        MT_EXT_POWER_PATHS(NAME)};
 static const char *const reduction_names[MT_EXT_NREDUCTION] = {MT_EXT_REDUCTIONS(NAME)};
 #undef NAME
 

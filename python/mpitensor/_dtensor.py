@@ -264,11 +264,16 @@ class DTensor(_C.DTensorBase):
         return _registry.door(np.imag, (self,), {})
 
     def conj(self) -> "DTensor":
-        """numpy.ndarray.conj: ``numpy.conjugate(self)``. Local unless a
+        """numpy.ndarray.conj: ``numpy.conjugate(self)`` of a complex DTensor, and
+        of any other the DTensor itself, as NumPy returns the array itself (its
+        dtype kept, writes into it writing into ``self``). Local unless a
         Partial(max|min) must be reduced.
 
-        Example: ``(dt * 1j).conj().imag`` equals ``-dt``.
+        Example: ``(dt * 1j).conj().imag`` equals ``-dt``; ``dt.conj() is dt``
+        for a real ``dt``.
         """
+        if self._spec.dtype.kind != "c":
+            return self
         return np.conjugate(self)
 
     conjugate = conj
@@ -385,12 +390,14 @@ class DTensor(_C.DTensorBase):
         """
         return _method(np.ndarray.astype, (self, dtype), {"copy": copy})
 
-    def copy(self) -> "DTensor":
-        """A DTensor with its own copy of the local data, placements kept. Local.
+    def copy(self, order="C") -> "DTensor":
+        """numpy.ndarray.copy: a DTensor with its own copy of the local data,
+        placements kept. ``order`` is checked as NumPy checks it; every order gives
+        the one layout DTensors have (C order on each rank). Local.
 
         Example: ``dt.copy().to_local() is not dt.to_local()``.
         """
-        return _method(np.copy, (self,))
+        return _method(np.copy, (self, order))
 
     # -- construction ------------------------------------------------------------
     @staticmethod

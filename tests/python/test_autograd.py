@@ -157,6 +157,11 @@ UNARY = {
     "absolute": lambda a: np.abs(a - 1.3),  # both signs
     "power_scalar": lambda a: a ** 3,
     "power_fraction": lambda a: a ** 2.5,
+    # the exponents NumPy's ** computes by square, reciprocal and sqrt
+    "power_two": lambda a: a ** 2,
+    "power_minus_one": lambda a: a ** -1,
+    "power_half": lambda a: a ** 0.5,
+    "reciprocal": np.reciprocal,
     "scalar_power": lambda a: 1.5 ** a,
     "scalar_ops": lambda a: (2.0 - a) * 3.0 / 4.0 + 1.0,
     "scalar_divide": lambda a: 2.0 / a,

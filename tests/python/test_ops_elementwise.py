@@ -78,6 +78,74 @@ def test_unary_and_scalar_matches_numpy(data):
     assert_matches(da ** 2, a ** 2)
 
 
+POWER_DTYPES = [np.bool_, np.int8, np.uint8, np.int64, np.float16, np.float32, np.float64,
+                np.complex64, np.complex128]
+POWER_EXPONENTS = [2, -1, 0.5, 3, 2.0, -1.0, np.int64(2), np.float64(0.5), True]
+
+
+def _power_outcome(f):
+    """(dtype, bytes) of f(), or the type of its error."""
+    try:
+        with np.errstate(all="ignore"):
+            r = f()
+    except Exception as e:  # noqa: BLE001 - the outcome compared is the error's type
+        return type(e)
+    r = r.full_tensor() if isinstance(r, DTensor) else np.asarray(r)
+    return r.dtype, r.tobytes()
+
+
+@pytest.mark.parametrize("dtype", POWER_DTYPES, ids=lambda t: np.dtype(t).name)
+def test_the_power_operator_takes_numpys_paths(dtype):
+    """``x ** 2``, ``x ** -1`` and ``x ** 0.5`` are NumPy's square, reciprocal and
+    sqrt for the exponents and dtypes NumPy takes them for (a bool squared is
+    int8, a complex reciprocal's zeros keep their sign): the result's dtype and
+    bytes are NumPy's, or its error, in every layout, and in place too."""
+    full = (np.arange(12).reshape(3, 4) % 4 - (0 if dtype in (np.bool_, np.uint8) else 1))
+    full = full.astype(dtype)
+    for mesh, pls in corner_layouts(2, partial=False):
+        for e in POWER_EXPONENTS:
+            dt = make(full, mesh, pls)
+            want = _power_outcome(lambda: full ** e)
+            assert _power_outcome(lambda: dt ** e) == want, (pls, e)
+            mine, theirs = dt.copy(), full.copy()
+
+            def into_theirs():
+                nonlocal theirs
+                theirs **= e
+                return theirs
+
+            def into_mine():
+                nonlocal mine
+                mine **= e
+                return mine
+
+            assert _power_outcome(into_mine) == _power_outcome(into_theirs), (pls, e)
+
+
+def test_conj_of_a_real_dtensor_is_the_dtensor_and_copy_takes_numpys_orders():
+    """ndarray.conj() of a real array is the array itself (a bool stays bool, a
+    write through it is a write into it); copy() takes every order NumPy takes and
+    refuses the others with NumPy's errors."""
+    mesh = mesh_of((W,))
+    for full in (np.array([True, False, True, True, False]), np.arange(5.0)):
+        dt = make(full, mesh, (Shard(0),))
+        c = dt.conj()
+        assert c is dt and c.dtype == full.conj().dtype
+        c[1] = 1
+        assert dt.full_tensor()[1] == 1
+    z = make(np.arange(5.0) * 1j, mesh, (Shard(0),))
+    assert_matches(z.conj(), (np.arange(5.0) * 1j).conj())
+    assert z.conj() is not z
+    for order in ("C", "F", "A", "K", "c", None):
+        assert_matches(z.copy(order), np.arange(5.0) * 1j)
+        assert_matches(np.copy(z, order=order), np.arange(5.0) * 1j)
+    for order, error in (("X", ValueError), (3, TypeError)):
+        with pytest.raises(error, match="order must be"):
+            z.copy(order)
+        with pytest.raises(error, match="order must be"):
+            np.copy(z, order=order)
+
+
 @pytest.mark.parametrize("shape", CORNER_SHAPES, ids=str)
 def test_elementwise_matches_numpy_on_empty_shards(shape):
     """The corners the property tests may not draw, every time: sizes 0 and 1 and

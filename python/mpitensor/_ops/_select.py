@@ -135,10 +135,19 @@ def _same_layout(a, local, dtype):
 @_registry.implements(np.copy, takes_strided=True)
 def copy(a, order="K", subok=False):
     """A DTensor with its own copy of the local data, placements kept (strided
-    shards too). Local."""
+    shards too). ``order`` is checked as NumPy checks it; every order gives the one
+    layout DTensors have (C order on each rank). Local."""
     if type(a) is not DTensor:
         raise TypeError(f"numpy.copy: expected a DTensor, got {type(a).__name__}")
+    if order is not None:
+        if not isinstance(order, str):
+            raise TypeError(f"order must be str, not {type(order).__name__}")
+        if order.upper() not in _ORDERS:
+            raise ValueError(f"order must be one of 'C', 'F', 'A', or 'K' (got {order!r})")
     return _same_layout(a, a.to_local().copy(), a.dtype)
+
+
+_ORDERS = ("C", "F", "A", "K")
 
 
 @_registry.implements(np.ndarray.astype, takes_strided=True)

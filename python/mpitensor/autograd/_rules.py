@@ -135,6 +135,7 @@ _UFUNCS = {
     np.tanh: lambda g, ops, out, need: (g * (1 - out * out),),
     np.sqrt: lambda g, ops, out, need: (g / (2 * out),),
     np.square: lambda g, ops, out, need: (g * (2 * ops[0]),),
+    np.reciprocal: lambda g, ops, out, need: (-(g * (out * out)),),
     np.sin: lambda g, ops, out, need: (g * np.cos(ops[0]),),
     np.cos: lambda g, ops, out, need: (-(g * np.sin(ops[0])),),
     np.conjugate: lambda g, ops, out, need: (np.conjugate(g),),
