@@ -137,6 +137,50 @@ def test_writes_match_numpy_on_empty_shards(shape):
         assert_matches(dt, full)
 
 
+ROW_KEYS = [([4, 5], -1.0), ((np.array([4, 5]), slice(None)), np.array([[-1.0]])),
+            ([0, 6, -1], 3.0), ((slice(None), [1, 3]), np.arange(7.0)[:, None]),
+            ((slice(None), np.array([4, 0, 4])), np.array([1.0, 2.0, 3.0])),
+            ([1, 1, 2], np.arange(15.0).reshape(3, 5)), ([], 5.0),
+            (np.array([2, 3], np.uint8), 2.5)]
+
+
+@pytest.mark.parametrize("key, value", ROW_KEYS, ids=str)
+def test_rows_listed_by_an_integer_array_are_written_where_they_live(key, value):
+    """``dt[[4, 5]] = v``, ``dt[:, idx] = v`` (one list or integer array, whole
+    slices elsewhere: xarray's ``.loc`` writes) with a scalar or an ndarray: each
+    rank writes the listed rows it holds, repeated ones last as NumPy, nothing
+    moves and nothing is gathered, in every Shard/Replicate layout; into a view, the
+    write reaches its base."""
+    full = np.arange(35.0).reshape(7, 5)
+    for mesh, pls in corner_layouts(2, partial=False):
+        dt, want = make(full, mesh, pls), full.copy()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", mt.GatherWarning)
+            with CommDebugMode() as mode:
+                dt[key] = value
+        want[key] = value
+        assert total_bytes(mode) == 0 and dt.placements == tuple(pls)
+        assert_matches(dt, want)
+        view, want_view = dt[1:6], want[1:6]
+        view[[0, 4]] = -7.0
+        want_view[[0, 4]] = -7.0
+        assert_matches(dt, want)
+
+
+@pytest.mark.parametrize("key, value, error", [([7], 1.0, IndexError), ([-8], 1.0, IndexError),
+                                               ([0, 1], np.ones(3), ValueError),
+                                               ([0, 1], "abc", ValueError)], ids=str)
+def test_a_bad_row_list_write_raises_numpys_error_on_every_rank(key, value, error):
+    full = np.arange(35.0).reshape(7, 5)
+    with pytest.raises(error):
+        full.copy()[key] = value
+    for pls in ([S0], [S1], [R]):
+        dt = make(full, mesh_of((W,)), pls)
+        got = same_everywhere(outcome(lambda: dt.__setitem__(key, value)))
+        assert got is not None and got[0] == error.__name__
+        assert_matches(dt, full)
+
+
 @pytest.mark.parametrize("pls", [[S0], [S1], [R], [PS]], ids=str)
 def test_scalar_and_ndarray_writes_move_nothing(pls):
     mesh = mesh_of((W,))

@@ -248,6 +248,10 @@ def setitem(dt, key, value, *, where=None) -> None:
     if mask is not None:
         _mask_write(dt, mask, value)
         return
+    taken = _taken_rows(key, spec)
+    if taken is not None:
+        _write_taken(dt, *taken, value)
+        return
     sel, outdims = _parse(key, spec.shape)
     region = tuple(1 if o[0] == "new" else sel[o[1]][2] for o in outdims)
     region_dims = [None if o[0] == "new" else o[1] for o in outdims]
@@ -300,6 +304,72 @@ def setitem(dt, key, value, *, where=None) -> None:
     else:
         piece = value
     _views.write(dt, lambda: _assign(dest, local_key, piece, pick), local_key, pick)
+
+
+def _taken_rows(key, spec):
+    """(dim, indices) of a key with one list or 1-D integer array (an advanced
+    index, the rows of one dim, as xarray's label writes give it) and whole slices
+    elsewhere, into a DTensor of Shards and Replicates; the indices normalised and
+    checked as NumPy checks them. None for any other key. Local."""
+    items = key if type(key) is tuple else (key,)
+    at = None
+    for j, k in enumerate(items):
+        if isinstance(k, (np.ndarray, list)) and type(k) is not DTensor:
+            if at is not None:
+                return None
+            at = j
+        elif not (isinstance(k, slice) and k == _ALL):
+            return None
+    if at is None or len(items) > len(spec.shape):
+        return None
+    for p in spec.placements:
+        if type(p) not in (Shard, Replicate):
+            return None
+    idx = np.asarray(items[at])
+    if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+        return None
+    size = spec.shape[at]
+    idx = idx.astype(np.intp)
+    bad = (idx < -size) | (idx >= size)
+    if bad.any():
+        raise IndexError(f"index {int(idx[bad][0])} is out of bounds for axis {at} with "
+                         f"size {size}")
+    return at, np.where(idx < 0, idx + size, idx)
+
+
+_ALL = slice(None)
+
+
+def _write_taken(dt, d, idx, value):
+    """``dt[..., idx, ...] = value`` (:func:`_taken_rows`'s key) for a scalar or an
+    ndarray every rank holds: each rank writes the listed rows its block holds,
+    later ones last as NumPy writes repeated indices. Nothing moves; agreed by the
+    caller."""
+    if type(value) is DTensor:
+        raise _registry.NoRule("DTensor item assignment: a DTensor value with an "
+                               "integer array key")
+    spec = dt._spec
+    region = spec.shape[:d] + (len(idx),) + spec.shape[d + 1:]
+    _broadcast_check("DTensor item assignment", np.shape(value), region)
+    mesh = spec.mesh
+    if mesh._coordinate is None:
+        return
+    lshape, loff = local_shape_and_global_offset(spec.shape, mesh.shape,
+                                                 mesh._coordinate, spec.placements)
+    mine = (idx >= loff[d]) & (idx < loff[d] + lshape[d])
+    local_key = (slice(None),) * d + (idx[mine] - loff[d],)
+    piece = value
+    if np.ndim(value):
+        cut = tuple(mine if e == d else slice(loff[e], loff[e] + lshape[e])
+                    for e in range(len(spec.shape)))
+        piece = np.broadcast_to(value, region)[cut]
+    dest = dt.to_local()
+    where = None
+    if not dest.flags.writeable:  # a copy-view: the written elements go back to its base
+        where = np.zeros(dest.shape, bool)
+        where[local_key] = True
+    _views.write(dt, lambda: dest.__setitem__(local_key, piece),
+                 Ellipsis if where is not None else local_key, where)
 
 
 def _fit(v, region, region_dims, cuts, followed, lead, region_local, target_shape):
