@@ -227,6 +227,25 @@ def test_integer_dtensor_key_gives_numpys_value():
     np.testing.assert_array_equal(got.full_tensor(), full[[1, 3, 0, 3]])
 
 
+@pytest.mark.parametrize("rest", [(Ellipsis,), (slice(None),), (Ellipsis, slice(None)),
+                                  (slice(None), Ellipsis)], ids=str)
+@pytest.mark.parametrize("pls", [[S0], [S1], [R]], ids=str)
+def test_a_dtensor_key_followed_by_whole_slices_is_the_key_alone(rest, pls):
+    """``dt[idx, ...]`` and ``dt[mask, :]`` (xarray's orthogonal indexing writes
+    them so) are NumPy's ``dt[idx]`` and ``dt[mask]``: picked where the indices lie,
+    nothing gathered even under strict(); a key NumPy refuses still raises."""
+    full = np.arange(35.0).reshape(7, 5)
+    mesh = mesh_of((W,))
+    dt = make(full, mesh, pls)
+    idx, mask = np.array([6, 0, 3, 3, -1]), full[:, 0] > 10
+    with mt.strict():
+        for key in (idx, mask):
+            got = dt[(make(key, mesh, [S0]),) + rest]
+            np.testing.assert_array_equal(got.full_tensor(), full[(key,) + rest])
+    with pytest.raises(IndexError):
+        dt[(make(idx, mesh, [S0]),) + rest + (slice(None), slice(None))]
+
+
 def test_repeated_keys_reuse_the_plan_on_new_data():
     mesh = mesh_of((W,))
     full = np.arange(30.0).reshape(6, 5)

@@ -402,6 +402,8 @@ def getitem(dt, key):
     (one small all-reduce), and where it cuts a sharded dim, one exchange of the
     picked elements carries that agreement."""
     mesh = dt._spec.mesh
+    if type(key) is tuple and key and type(key[0]) is DTensor:
+        key = _leading_array(key, len(dt._spec.shape))
     ck = _cache_key(key)
     if ck is not None:
         # Ints, slices, None and ... only: a basic key, whose plan the mesh keeps.
@@ -446,6 +448,20 @@ def getitem(dt, key):
     if key.dtype.kind in "iu":
         return pick_rows("DTensor.__getitem__ (integer DTensor)", dt, key)
     raise _advanced_error("a DTensor that is not a boolean mask", _registry.NoRule)
+
+
+def _leading_array(key: tuple, ndim: int):
+    """``key[0]`` alone for a DTensor followed only by ``...`` and whole slices
+    (``dt[idx, ...]``, as xarray's orthogonal indexing writes it): NumPy reads both
+    alike. Else the key as it is. Local."""
+    rest = key[1:]
+    if not all(k is Ellipsis or (type(k) is slice and k == _ALL) for k in rest):
+        return key
+    dots = sum(k is Ellipsis for k in rest)
+    return key[0] if dots <= 1 and len(key) - dots <= ndim else key
+
+
+_ALL = slice(None)
 
 
 def _basic(dt, key, plan, agreed):
