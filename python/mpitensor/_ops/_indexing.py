@@ -68,6 +68,10 @@ def _as_int(obj):
         return None
 
 
+# The slice that keeps a whole dim, as keys compare with it.
+WHOLE = slice(None)
+
+
 def _parse(key, shape):
     """(per input dim (start, step, count, is_int), output dims) for a basic key;
     an output dim is ('new',) for None or ('in', d) for a kept input dim."""
@@ -455,13 +459,11 @@ def _leading_array(key: tuple, ndim: int):
     (``dt[idx, ...]``, as xarray's orthogonal indexing writes it): NumPy reads both
     alike. Else the key as it is. Local."""
     rest = key[1:]
-    if not all(k is Ellipsis or (type(k) is slice and k == _ALL) for k in rest):
+    if not all(k is Ellipsis or (type(k) is slice and k == WHOLE) for k in rest):
         return key
     dots = sum(k is Ellipsis for k in rest)
     return key[0] if dots <= 1 and len(key) - dots <= ndim else key
 
-
-_ALL = slice(None)
 
 
 def _basic(dt, key, plan, agreed):

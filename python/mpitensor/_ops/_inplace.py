@@ -42,7 +42,7 @@ from .._layout import local_shape_and_global_offset
 from ..placement_types import Partial, Replicate, Shard, _StridedShard
 from .._algorithms import _dispatch as D
 from .._algorithms import _views
-from ._indexing import _parse, _whole, agree_write, local_cuts, write_number
+from ._indexing import WHOLE, _parse, _whole, agree_write, local_cuts, write_number
 
 _IDENTITY = {"sum": 0, "product": 1}
 
@@ -318,7 +318,7 @@ def _taken_rows(key, spec):
             if at is not None:
                 return None
             at = j
-        elif not (isinstance(k, slice) and k == _ALL):
+        elif not (isinstance(k, slice) and k == WHOLE):
             return None
     if at is None or len(items) > len(spec.shape):
         return None
@@ -336,8 +336,6 @@ def _taken_rows(key, spec):
                          f"size {size}")
     return at, np.where(idx < 0, idx + size, idx)
 
-
-_ALL = slice(None)
 
 
 def _write_taken(dt, d, idx, value):
