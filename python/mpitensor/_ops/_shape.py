@@ -209,12 +209,13 @@ def _sequence(name, arrays):
             if isinstance(x, np.ndarray) or D.is_scalar(x):
                 raise D.mixed_error(f"numpy.{name}", x)
             raise TypeError(f"numpy.{name}: expected DTensors, got {type(x).__name__}")
-    if len(arrays) > D.MAX_INPUTS:
-        # More inputs than a dim map takes: NumPy on the gathered arrays answers.
-        raise _registry.NoRule(
-            f"numpy.{name}: at most {D.MAX_INPUTS} DTensors at once, got {len(arrays)}; "
-            f"combine them in groups (e.g. numpy.{name} of numpy.{name}s)")
     return arrays
+
+
+def _groups(arrays) -> list:
+    """The arrays in groups of as many as a dim map takes: a join of more joins
+    each group, then the groups (a join of joins is the join)."""
+    return [arrays[i:i + D.MAX_INPUTS] for i in range(0, len(arrays), D.MAX_INPUTS)]
 
 
 def _check_kwargs(name, out, kwargs):
@@ -263,6 +264,9 @@ def concatenate(arrays, axis=0, out=None, **kwargs):
         if x._spec.mesh is not mesh:
             D.same_mesh("numpy.concatenate", arrays)  # equal meshes pass; else its error
     ax = axis if type(axis) is int and 0 <= axis < n else normalize_axis_index(axis, n)
+    if len(arrays) > D.MAX_INPUTS:
+        _same_other_dims(arrays, ax)
+        return concatenate([concatenate(g, ax) for g in _groups(arrays)], ax)
     m = _join.joining_mesh_dim(arrays, ax)
     if m is not None:
         _same_other_dims(arrays, ax)
@@ -343,6 +347,9 @@ def stack(arrays, axis=0, out=None, **kwargs):
         if x._spec.shape != shape:
             raise ValueError("numpy.stack: all input arrays must have the same shape")
     ax = normalize_axis_index(axis, n + 1)
+    if len(arrays) > D.MAX_INPUTS:
+        D.same_mesh("numpy.stack", arrays)
+        return concatenate([stack(g, ax) for g in _groups(arrays)], ax)
     # NumPy's own stack of the local arrays (each given the new axis, then
     # concatenated), without its dispatch and checks, which the DTensors passed.
     new_axis = (slice(None),) * ax + (None,)
