@@ -306,6 +306,37 @@ def test_mixed_ndarray_is_replicated_once_agreed():
     assert_matches(x + np.float64(2.0), np.full((4, 3), 3.0))  # 0-d is a scalar
 
 
+_A = np.arange(35.0).reshape(7, 5) % 6 - 2.5
+MIXED_CALLS = {
+    "outer": lambda a, n: np.outer(n[:, 0], a[:, 1]),
+    "inner": lambda a, n: np.inner(n, a),
+    "tensordot": lambda a, n: np.tensordot(n, a, axes=([0], [0])),
+    "cross": lambda a, n: np.cross(n[:, :3], a[:, :3]),
+    "linalg.outer": lambda a, n: np.linalg.outer(a[:, 0], n[:, 1]),
+    "vecdot": lambda a, n: np.linalg.vecdot(n, a, axis=0),
+    "vdot": lambda a, n: np.vdot(n, a),
+    "take_along_axis": lambda a, n: np.take_along_axis(n, np.argsort(a, 0), 0),
+    "take_along_axis_indices": lambda a, n: np.take_along_axis(a, np.argsort(n, 0), 0),
+    "diff_prepend": lambda a, n: np.diff(n, axis=0, prepend=a[:1]),
+}
+
+
+@pytest.mark.parametrize("name", list(MIXED_CALLS))
+@pytest.mark.parametrize("pls", [[S0], [S1], [R]], ids=str)
+def test_an_ndarray_beside_a_dtensor_is_replicated_in_every_rule(name, pls):
+    """Every rule takes a plain ndarray beside a DTensor, in either place, as the
+    executor does (Replicate, once the call agreed that every rank holds it): the
+    products, take_along_axis and diff's prepend= refused it with a TypeError."""
+    call = MIXED_CALLS[name]
+    dt = make(_A, mesh_of((W,)), pls)
+    got = call(dt, _A.copy())
+    want = call(_A, _A.copy())
+    if isinstance(got, DTensor):
+        assert_matches(got, want)
+    else:
+        np.testing.assert_allclose(got, want)
+
+
 def test_different_meshes_value_error():
     """DTensors of two meshes mix only where one is a replica of the whole value on
     the same ranks: sharded on both, or needing a gradient, they are refused."""

@@ -353,6 +353,8 @@ def diff(a, n=1, axis=-1, prepend=np._NoValue, append=np._NoValue):
     Example: ``np.diff(dt, axis=1).shape == (dt.shape[0], dt.shape[1] - 1)``.
     """
     name = "numpy.diff"
+    if type(a) is not DTensor:  # a DTensor prepend= or append= called the rule
+        a = D.implicit((a, prepend, append))[0]
     axes = _axis(name, a, axis)
     plain = prepend is np._NoValue and append is np._NoValue
     if not plain and axes is not None and any(

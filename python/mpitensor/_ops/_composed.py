@@ -216,11 +216,12 @@ def trapezoid(y, x=None, dx=1.0, axis=-1):
 @_registry.implements(np.vdot)
 def vdot(a, b, /):
     """``np.vdot``: the dot product of the flattened DTensors, the first conjugated:
-    each rank's products summed, one reduction (a DTensor and an ndarray are a
-    mixed call, as for every operation). Collective on the mesh.
+    each rank's products summed, one reduction (an ndarray beside a DTensor is
+    replicated, as for every operation). Collective on the mesh.
 
     Example: ``np.vdot(dt, dt)`` is the squared norm of ``dt``.
     """
+    a, b = D.implicit((a, b))
     if type(a) is not DTensor or type(b) is not DTensor:
         raise D.mixed_error("numpy.vdot", b if type(a) is DTensor else a)
     if a.size != b.size:

@@ -165,11 +165,16 @@ def einsum(subscripts, *operands, out=None, optimize=False, **kwargs):
 
 
 def _two_dtensors(name, a, b):
+    """The two operands as DTensors: a plain ndarray beside a DTensor is the
+    Replicate DTensor the executor makes of it (once the call agreed that every
+    rank holds it); NumPy's mixing error or a TypeError for anything else."""
+    a, b = D.implicit((a, b))
     for x in (a, b):
         if type(x) is not DTensor:
             if isinstance(x, np.ndarray) or D.is_scalar(x):
                 raise D.mixed_error(name, x)
             raise TypeError(f"{name}: expected DTensors, got {type(x).__name__}")
+    return a, b
 
 
 def tensordot_subscripts(name, a, b, axes):
@@ -212,8 +217,7 @@ def tensordot(a, b, axes=2):
     Example: ``np.tensordot(a, b, axes=1)``.
     """
     name = "numpy.tensordot"
-    _two_dtensors(name, a, b)
-    a, b = D.implicit((a, b))
+    a, b = _two_dtensors(name, a, b)
     sub = tensordot_subscripts(name, a, b, axes)
     D.same_mesh(name, (a, b))
     lhs, out = sub.split("->")
@@ -229,7 +233,7 @@ def tensordot(a, b, axes=2):
 def inner(a, b):
     """np.inner of two DTensors (at least 1-D) as an einsum over their last dims."""
     name = "numpy.inner"
-    _two_dtensors(name, a, b)
+    a, b = _two_dtensors(name, a, b)
     if a.ndim == 0 or b.ndim == 0:
         raise TypeError(f"{name} on DTensors needs operands of at least one dim; for a "
                         f"scalar factor use *")
@@ -240,7 +244,7 @@ def inner(a, b):
 def outer(a, b, out=None):
     """np.outer of two 1-D DTensors as an einsum ("i,j->ij")."""
     name = "numpy.outer"
-    _two_dtensors(name, a, b)
+    a, b = _two_dtensors(name, a, b)
     if out is not None:
         raise _registry.NoRule(f"{name}: out= is not supported on DTensors")
     if a.ndim != 1 or b.ndim != 1:
@@ -316,7 +320,7 @@ def linalg_outer(x1, x2, /):
     Example: ``np.linalg.outer(u, v)``.
     """
     name = "numpy.linalg.outer"
-    _two_dtensors(name, x1, x2)
+    x1, x2 = _two_dtensors(name, x1, x2)
     if x1.ndim != 1 or x2.ndim != 1:
         raise ValueError("Input arrays must be one-dimensional, but they are "
                          f"x1.ndim={x1.ndim} and x2.ndim={x2.ndim}.")
@@ -345,7 +349,7 @@ def linalg_vecdot(x1, x2, /, *, axis=-1):
     Example: ``np.linalg.vecdot(a, b, axis=0)``.
     """
     name = "numpy.linalg.vecdot"
-    _two_dtensors(name, x1, x2)
+    x1, x2 = _two_dtensors(name, x1, x2)
     D.same_mesh(name, (x1, x2))
     if x1.ndim == 0 or x2.ndim == 0:
         raise ValueError(f"vecdot: Input operand {0 if x1.ndim == 0 else 1} does not have "
@@ -489,7 +493,7 @@ def cross(a, b, axisa=-1, axisb=-1, axisc=-1, axis=None):
     Example: ``np.cross(u, v)`` of ``(n, 3)`` DTensors sharded on dim 0.
     """
     name = "numpy.cross"
-    _two_dtensors(name, a, b)
+    a, b = _two_dtensors(name, a, b)
     D.same_mesh(name, (a, b))
     if axis is not None:
         axisa, axisb, axisc = (axis,) * 3
@@ -529,7 +533,7 @@ def linalg_cross(x1, x2, /, *, axis=-1):
     Example: ``np.linalg.cross(u, v)``.
     """
     name = "numpy.linalg.cross"
-    _two_dtensors(name, x1, x2)
+    x1, x2 = _two_dtensors(name, x1, x2)
     if x1.shape[axis] != 3 or x2.shape[axis] != 3:
         raise ValueError("Both input arrays must be (arrays of) 3-dimensional vectors, "
                          f"but they are {x1.shape[axis]} and {x2.shape[axis]} "

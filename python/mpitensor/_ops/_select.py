@@ -316,6 +316,7 @@ def take_along_axis(arr, indices, axis=-1):
         (Shard(dim=1),)
     """
     name = "numpy.take_along_axis"
+    arr, indices = D.implicit((arr, indices))
     if type(arr) is not DTensor or type(indices) is not DTensor:
         bad = indices if type(arr) is DTensor else arr
         if isinstance(bad, np.ndarray):
