@@ -245,6 +245,7 @@ def gradient(f, *varargs, axis=None, edge_order=1):
     ``[Shard(0)]`` DTensor.
     """
     name = "numpy.gradient"
+    f = D.implicit((f,) + varargs)[0]  # DTensor coordinates beside an ndarray
     if type(f) is not DTensor:
         raise TypeError(f"{name}: expected a DTensor, got {type(f).__name__}")
     axes = tuple(range(f.ndim)) if axis is None else normalize_axis_tuple(axis, f.ndim)

@@ -162,7 +162,7 @@ def column_stack(tup):
     (n, 2) ``[Shard(0)]`` DTensor, with no communication.
     """
     arrs = []
-    for x in _tuple("numpy.column_stack", tup):
+    for x in D.implicit(tuple(_tuple("numpy.column_stack", tup))):
         if type(x) is DTensor and x.ndim < 2:
             x = np.expand_dims(np.atleast_1d(x), 1)
         arrs.append(x)

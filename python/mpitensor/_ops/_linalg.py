@@ -585,7 +585,7 @@ def multi_dot(arrays, *, out=None):
     name = "numpy.linalg.multi_dot"
     if out is not None:
         raise _registry.NoRule(f"{name}: out= is not supported on DTensors")
-    arrays = list(arrays)
+    arrays = list(D.implicit(tuple(arrays)))
     n = len(arrays)
     if n < 2:
         raise ValueError("Expecting at least two arrays.")

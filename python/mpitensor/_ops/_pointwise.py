@@ -345,7 +345,7 @@ def digitize(x, bins, right=False):
     Example: ``np.digitize(dt, np.array([0.0, 1.0, 2.5]))``.
     """
     name = "numpy.digitize"
-    x = _dtensor(name, x)
+    x = _dtensor(name, D.implicit((x, bins))[0])
     bins = _replicated_bins(name, bins, x.device_mesh)
     right = bool(right)
     return per_element(name, ("digitize", bins.tobytes(), bins.shape, bins.dtype.str, right),

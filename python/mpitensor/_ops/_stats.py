@@ -246,8 +246,8 @@ def histogram(a, bins=10, range=None, density=None, weights=None):
     ('auto', 'fd', ...) and ``weights=`` have no rule: NumPy's gathered call
     (the fallback), with its GatherWarning."""
     name = "numpy.histogram"
-    if type(a) is not DTensor:
-        raise TypeError(f"{name}: the data must be the DTensor")
+    if type(a) is not DTensor:  # weights= or bins= a DTensor
+        raise _registry.NoRule(f"{name}: the data is not a DTensor")
     if weights is not None:
         raise _registry.NoRule(f"{name}: weights= is not supported on DTensors")
     if isinstance(bins, str):
