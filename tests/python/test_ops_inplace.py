@@ -655,6 +655,30 @@ def test_a_value_sharded_along_cut_rows_on_a_2d_mesh():
         assert_matches(x, want)
 
 
+INTO_AN_NDARRAY = {
+    "copyto": lambda a, dt: np.copyto(a, dt),
+    "add_out": lambda a, dt: np.add(dt, 1, out=a),
+    "iadd": lambda a, dt: a.__iadd__(dt),
+    "sum_out": lambda a, dt: np.sum(dt, axis=1, out=a[:, 0]),
+}
+
+
+@pytest.mark.skipif(COMM.Get_size() < 2, reason="ranks that differ")
+@pytest.mark.parametrize("write", list(INTO_AN_NDARRAY))
+@pytest.mark.parametrize("differs", ["shape", "dtype"])
+def test_ndarray_destinations_that_differ_by_rank_raise_on_every_rank(write, differs):
+    """A write into an ndarray whose shape or dtype differs by rank is refused
+    with the same ValueError on every rank, before anything is gathered."""
+    dt = make(np.arange(35.0).reshape(7, 5), mesh_of((W,)), [S0])
+    first = COMM.Get_rank() == 0
+    if differs == "shape":
+        a = np.zeros((7, 5) if first else (6, 5))
+    else:
+        a = np.zeros((7, 5), np.float64 if first else np.float32)
+    got = same_everywhere(outcome(lambda: INTO_AN_NDARRAY[write](a, dt)))
+    assert got is not None and got[0] == "ValueError" and "different calls" in got[1]
+
+
 def test_a_write_into_an_ndarray_takes_the_whole_result_as_numpy_writes_it():
     """`a += dt`, `np.add(a, dt, out=a)`, a two-output ufunc into ndarrays: NumPy's
     values in the caller's own arrays (not a DTensor in their place), the DTensor
