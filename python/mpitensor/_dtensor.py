@@ -363,12 +363,12 @@ class DTensor(_C.DTensorBase):
     def __setitem__(self, key, value) -> None:
         """``dt[key] = value`` in place, placements kept: a basic key (ints, slices,
         None, ...) with a scalar, an ndarray every rank holds or a DTensor value; a
-        boolean mask with a scalar; a list or integer array along one dim (whole
-        slices elsewhere) with a scalar or an ndarray, each rank writing the rows it
-        holds. Other keys and values (a mask with an array of values) run NumPy's
-        assignment on the gathered arrays, with a GatherWarning. Collective on the
-        mesh: the write is agreed, and a DTensor value or mask moves to follow this
-        layout where it must.
+        boolean mask with a scalar or the masked values; a list or integer array
+        along one dim (whole slices elsewhere) with a scalar or an ndarray, each
+        rank writing the rows it holds. Other keys run NumPy's assignment on the
+        gathered arrays, with a GatherWarning. Collective on the mesh: the write is
+        agreed, and a DTensor value or mask moves to follow this layout where it
+        must.
 
         Example: ``dt[1:3] = 0.0``; ``dt[dt < 0] = 0``; ``dt[[0, 5]] = 1.0``.
         """

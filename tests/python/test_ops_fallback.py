@@ -187,6 +187,28 @@ def test_the_gather_is_counted_and_warned_once_per_function():
     assert np.array_equal(out.full_tensor(), np.kron(np.arange(8.0 * W), np.arange(8.0 * W)))
 
 
+@pytest.mark.parametrize("door", ["ufunc", "method", "item assignment"])
+def test_the_gather_warning_names_the_programs_line_through_every_door(door):
+    """The GatherWarning of a call that came through the ufuncs' door (``a += v``
+    into an ndarray), a method (``v.round(1, out)``) or item assignment names the
+    line of the program, not one of mpitensor's."""
+    mesh = init_device_mesh("cpu", (W,))
+    v = distribute_tensor(np.arange(8.0 * W), mesh, [Shard(0)])
+    o = distribute_tensor(np.zeros(8 * W), mesh, [Shard(0)])
+    calls = {"ufunc": lambda: np.zeros(8 * W).__iadd__(v),
+             "method": lambda: v.round(1, o),
+             "item assignment": lambda: o.__setitem__(np.array([[0, 1]]), 5.0)}
+    names = {"ufunc": "numpy.add", "method": "numpy.round",
+             "item assignment": "DTensor item assignment"}
+    _fallback._warned.discard(names[door])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        calls[door]()
+    kinds = [w for w in caught if issubclass(w.category, mt.GatherWarning)]
+    assert len(kinds) == 1 and names[door] in str(kinds[0].message)
+    assert kinds[0].filename == __file__
+
+
 def test_strict_turns_the_gather_into_a_type_error(monkeypatch):
     mesh = init_device_mesh("cpu", (W,))
     v = distribute_tensor(np.arange(4.0 * W), mesh, [Shard(0)])
