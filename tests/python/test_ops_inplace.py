@@ -140,7 +140,7 @@ def test_writes_match_numpy_on_empty_shards(shape):
 ROW_KEYS = [([4, 5], -1.0), ((np.array([4, 5]), slice(None)), np.array([[-1.0]])),
             ([0, 6, -1], 3.0), ((slice(None), [1, 3]), np.arange(7.0)[:, None]),
             ((slice(None), np.array([4, 0, 4])), np.array([1.0, 2.0, 3.0])),
-            ([1, 1, 2], np.arange(15.0).reshape(3, 5)), ([], 5.0),
+            ([1, 1, 2], np.arange(15.0).reshape(3, 5)),
             (np.array([2, 3], np.uint8), 2.5)]
 
 

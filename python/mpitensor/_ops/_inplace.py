@@ -40,6 +40,7 @@ from .._bind import core
 from .._dtensor import DTensor
 from .._layout import local_shape_and_global_offset
 from ..placement_types import Partial, Replicate, Shard, _StridedShard
+from .._algorithms import _advanced_index as A
 from .._algorithms import _dispatch as D
 from .._algorithms import _views
 from ._indexing import WHOLE, _parse, _whole, agree_write, local_cuts, write_number
@@ -307,35 +308,29 @@ def setitem(dt, key, value, *, where=None) -> None:
 
 
 def _taken_rows(key, spec):
-    """(dim, indices) of a key with one list or 1-D integer array (an advanced
-    index, the rows of one dim, as xarray's label writes give it) and whole slices
-    elsewhere, into a DTensor of Shards and Replicates; the indices normalised and
-    checked as NumPy checks them. None for any other key. Local."""
-    items = key if type(key) is tuple else (key,)
-    at = None
-    for j, k in enumerate(items):
-        if isinstance(k, (np.ndarray, list)) and type(k) is not DTensor:
-            if at is not None:
-                return None
-            at = j
-        elif not (isinstance(k, slice) and k == WHOLE):
+    """(dim, indices) of a key that reads rows of one dim as np.take does (one
+    list or 1-D integer array, as the reads' rule finds it, with whole slices
+    elsewhere: xarray's label writes give such keys), into a DTensor of Shards and
+    Replicates; the indices normalised and checked as NumPy checks them. None for
+    any other key. Local."""
+    if A.is_advanced(key) == "take":
+        at, idx = 0, key
+    else:
+        one = A.one_array(key, len(spec.shape))
+        if one is None or one[3] is not None or not all(
+                type(k) is slice and k == WHOLE for k in one[2]):
             return None
-    if at is None or len(items) > len(spec.shape):
-        return None
+        at, idx = one[0], one[1]
     for p in spec.placements:
         if type(p) not in (Shard, Replicate):
             return None
-    idx = np.asarray(items[at])
-    if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
-        return None
     size = spec.shape[at]
-    idx = idx.astype(np.intp)
+    idx = np.asarray(idx).astype(np.intp)
     bad = (idx < -size) | (idx >= size)
     if bad.any():
         raise IndexError(f"index {int(idx[bad][0])} is out of bounds for axis {at} with "
                          f"size {size}")
     return at, np.where(idx < 0, idx + size, idx)
-
 
 
 def _write_taken(dt, d, idx, value):
