@@ -12,13 +12,12 @@ import os
 import numpy as np
 import psutil
 import pytest
-from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Replicate, Shard
 
 pytestmark = [
-    pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1, reason="the caches are per rank"),
+    pytest.mark.np(1),
     pytest.mark.skipif(bool(os.environ.get("MT_SANITIZED")),
                        reason="RSS is meaningless under AddressSanitizer"),
 ]

@@ -305,7 +305,7 @@ def save_again(path: str) -> None:
              for i, k in enumerate("abcd")}, path)
 
 
-@pytest.mark.skipif(N != 1, reason="starts its own mpiexec job; np=1 only")
+@pytest.mark.np(1)
 def test_a_save_killed_between_entries_leaves_the_previous_checkpoint(tmp_path):
     """Rank 0 is killed with SIGKILL after two of the four new entries are written:
     load returns the previous save whole, and the next save removes the rest."""
@@ -319,7 +319,7 @@ def test_a_save_killed_between_entries_leaves_the_previous_checkpoint(tmp_path):
     assert stale(path) == [] and generations(path) == [9, 9, 9, 9]
 
 
-@pytest.mark.skipif(N != 1, reason="starts its own mpiexec job; np=1 only")
+@pytest.mark.np(1)
 def test_saves_killed_while_writing_leave_a_whole_checkpoint(tmp_path):
     """Both ranks are killed with SIGKILL while an entry of 4 MiB is being written
     (its temporary file exists), four times at different points: load returns one
@@ -448,7 +448,7 @@ def test_the_next_save_removes_what_a_killed_save_of_its_file_left(tmp):
     assert all_ranks(not names & set(theirs) and set(others) <= names), names
 
 
-@pytest.mark.skipif(N != 1, reason="starts its own mpiexec job; np=1 only")
+@pytest.mark.np(1)
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 def test_data_and_directory_are_synced_around_the_rename(tmp_path):
     """An LD_PRELOAD spy logs fsync and rename in a 2-rank job: for each file

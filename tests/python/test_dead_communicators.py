@@ -74,7 +74,7 @@ for call in (x.full_tensor, lambda: x.redistribute(mesh, [Replicate()]),
 """
 
 
-@pytest.mark.skipif(W != 1, reason="starts its own mpiexec job; np=1 only")
+@pytest.mark.np(1)
 @pytest.mark.parametrize("ranks", [2, 4])
 @pytest.mark.timeout(120)
 def test_a_mesh_used_after_mpi_finalize_raises(tmp_path, ranks):

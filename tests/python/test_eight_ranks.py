@@ -20,12 +20,10 @@ multi-rank job would share its ranks' cores and Open MPI environment.
 import sys
 
 import pytest
-from mpi4py import MPI
 
 from mpi_helpers import run_job
 
-pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1,
-                                reason="starts its own mpiexec job; np=1 only")
+pytestmark = pytest.mark.np(1)
 
 JOB = """
 import os

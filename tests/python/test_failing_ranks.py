@@ -19,12 +19,10 @@ import time
 from pathlib import Path
 
 import pytest
-from mpi4py import MPI
 
 from mpi_helpers import finish_job, fresh_job_env, kill_job, start_job
 
-N = MPI.COMM_WORLD.Get_size()
-pytestmark = pytest.mark.skipif(N != 1, reason="starts its own mpiexec job; np=1 only")
+pytestmark = pytest.mark.np(1)
 
 # Seconds a job has to end once started (or once a rank is killed), past which it
 # is killed with all its ranks and the test fails: a hang would last until the

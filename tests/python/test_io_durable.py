@@ -95,7 +95,7 @@ def spy_events(log) -> list:
     return out
 
 
-needs_a_job = [pytest.mark.skipif(N != 1, reason="starts its own mpiexec job; np=1 only"),
+needs_a_job = [pytest.mark.np(1),
                pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")]
 
 

@@ -476,7 +476,7 @@ def saved_again(path: str) -> list:
     return [f for f in os.listdir(folder) if f.startswith("s.zarr.") and ".pid." not in f]
 
 
-@pytest.mark.skipif(N != 1, reason="starts its own mpiexec job; np=1 only")
+@pytest.mark.np(1)
 def test_a_save_killed_while_removing_the_old_store_leaves_the_new_one(tmp_path):
     """One rank is killed with SIGKILL halfway through its share of the old store's
     files: the new store loads whole, and the next save removes the rest."""
@@ -490,7 +490,7 @@ def test_a_save_killed_while_removing_the_old_store_leaves_the_new_one(tmp_path)
     assert saved_again(path) == [] and generation(path) == {9.0}
 
 
-@pytest.mark.skipif(N != 1, reason="starts its own mpiexec job; np=1 only")
+@pytest.mark.np(1)
 def test_saves_killed_at_any_moment_leave_one_whole_store(tmp_path):
     """Both ranks of a job that saves over its store again and again are killed
     with SIGKILL, eight times a little later each: the store loads as one save's,

@@ -18,12 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
-from mpi4py import MPI
 
 from mpi_helpers import run_job
 
-N = MPI.COMM_WORLD.Get_size()
-pytestmark = pytest.mark.skipif(N != 1, reason="starts its own mpiexec job; np=1 only")
+pytestmark = pytest.mark.np(1)
 
 # Seconds before a job is killed with all its ranks, failing the test: the hang
 # this replaces lasted 1,800; below the suite's per-test timeout.

@@ -360,7 +360,7 @@ print("svd came back", flush=True)
 """
 
 
-@pytest.mark.skipif(P != 1, reason="starts its own 3-rank job, once")
+@pytest.mark.np(1)
 def test_a_job_stuck_in_scalapack_ends_with_each_ranks_routine_and_stack():
     with tempfile.TemporaryDirectory() as where:
         script = os.path.join(where, "stuck.py")
@@ -377,7 +377,7 @@ def test_a_job_stuck_in_scalapack_ends_with_each_ranks_routine_and_stack():
     assert len(re.findall(r'stuck\.py", line 10 in <module>', out)) == 3, out[-3000:]
 
 
-@pytest.mark.skipif(P != 1, reason="starts its own 2-rank job, once")
+@pytest.mark.np(1)
 @pytest.mark.skipif(not _monitoring(), reason="Open MPI without the pml monitoring")
 def test_solve_512_sends_less_than_the_matrix():
     with tempfile.TemporaryDirectory() as where:
@@ -386,7 +386,7 @@ def test_solve_512_sends_less_than_the_matrix():
     assert 0 < solve - setup < _MATRIX_BYTES, (setup, solve)
 
 
-@pytest.mark.skipif(P != 1, reason="starts its own 2-rank job, once")
+@pytest.mark.np(1)
 @pytest.mark.skipif(not _monitoring(), reason="Open MPI without the pml monitoring")
 def test_row_sharded_solve_sends_the_lu_panels_alone():
     """Rows of 512 per rank, too many to factor as they lie: A's rows, relabelled,
@@ -399,7 +399,7 @@ def test_row_sharded_solve_sends_the_lu_panels_alone():
     assert 0 < solve - setup < 0.6 * 8 * n * n, (setup, solve)
 
 
-@pytest.mark.skipif(P != 1, reason="starts its own 2-rank job, once")
+@pytest.mark.np(1)
 @pytest.mark.skipif(not _monitoring(), reason="Open MPI without the pml monitoring")
 def test_eigh_512_sends_less_than_the_matrix():
     with tempfile.TemporaryDirectory() as where:
@@ -408,7 +408,7 @@ def test_eigh_512_sends_less_than_the_matrix():
     assert 0 < eigh - setup < _MATRIX_BYTES, (setup, eigh)
 
 
-@pytest.mark.skipif(P != 1, reason="starts its own 2-rank job, once")
+@pytest.mark.np(1)
 @pytest.mark.skipif(not _monitoring(), reason="Open MPI without the pml monitoring")
 def test_eigvalsh_512_sends_less_than_the_matrix():
     """Without eigenvectors only the tridiagonal reduction communicates: no
@@ -419,7 +419,7 @@ def test_eigvalsh_512_sends_less_than_the_matrix():
     assert 0 < eigvalsh - setup < _MATRIX_BYTES, (setup, eigvalsh)
 
 
-@pytest.mark.skipif(P != 1, reason="starts its own 2-rank job, once")
+@pytest.mark.np(1)
 @pytest.mark.skipif(not _monitoring(), reason="Open MPI without the pml monitoring")
 def test_svd_512_sends_less_than_the_matrix():
     with tempfile.TemporaryDirectory() as where:

@@ -16,7 +16,6 @@ import sys
 
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 from mpitensor import _clib
 from mpitensor._algorithms import _scalapack
@@ -113,7 +112,7 @@ print(json.dumps({"provider": _blas.provider(), "source": _scalapack.scalapack_s
 """
 
 
-@pytest.mark.skipif(P != 1, reason="a fresh process of its own, once")
+@pytest.mark.np(1)
 @pytest.mark.parametrize("blas", ["mkl", "openblas"])
 def test_loading_mkl_leaves_numpy_and_the_nn_kernels_as_they_were(blas):
     """MKL's libraries go into the global namespace; NumPy's OpenBLAS (whose

@@ -22,12 +22,10 @@ import os
 import sys
 
 import pytest
-from mpi4py import MPI
 
 from mpi_helpers import run_job
 
-pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1,
-                                reason="starts its own mpiexec job; np=1 only")
+pytestmark = pytest.mark.np(1)
 
 JOB = """
 import random

@@ -65,8 +65,10 @@ def _register_one(u) -> bool:
 
 def _register() -> None:
     """Registers every elementwise ufunc of NumPy, and matmul, once."""
-    for name in sorted(dir(np)):
-        u = getattr(np, name)
+    # NumPy's module dict, not dir(np): reading each name of dir() imports the
+    # submodules NumPy loads on first use (f2py, ma, testing, ...), which every
+    # process of a job would pay for at `import mpitensor`.
+    for name, u in sorted(vars(np).items()):
         if isinstance(u, np.ufunc):
             _register_one(u)
 

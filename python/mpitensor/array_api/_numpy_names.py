@@ -53,18 +53,31 @@ _MODULES_OF_FUNCTIONS = ("lib", "emath", "polynomial", "testing")
 class _Module(types.ModuleType):
     """A NumPy submodule as the namespace offers it: its functions through
     :func:`arrays_out`, its submodules the same way, its types and constants as
-    they are (each made once, on first use). Local."""
+    they are (each made once, on first use). NumPy's module itself is read on first
+    use too: NumPy imports some of its submodules only then, and every process of a
+    job would otherwise pay for them at ``import mpitensor``. Local."""
 
-    def __init__(self, module, name):
-        super().__init__(name, module.__doc__)
-        self._numpy_module = module
+    def __init__(self, load, name):
+        super().__init__(name)
+        self._load = load
+
+    @property
+    def _numpy_module(self):
+        module = self.__dict__.get("_loaded")
+        if module is None:
+            module = self.__dict__["_loaded"] = self._load()
+        return module
+
+    @property
+    def __doc__(self):
+        return self._numpy_module.__doc__
 
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
         obj = getattr(self._numpy_module, name)
         if isinstance(obj, types.ModuleType):
-            obj = _Module(obj, f"{self.__name__}.{name}")
+            obj = _Module(lambda module=obj: module, f"{self.__name__}.{name}")
         elif callable(obj) and not isinstance(obj, (type, np.ufunc)):
             obj = arrays_out(obj)
         setattr(self, name, obj)
@@ -119,6 +132,10 @@ def numpy_names(defined) -> dict:
     for name in dir(np):
         if name.startswith("_") or name in defined or name in LEFT_OUT:
             continue
+        if name in _MODULES_OF_FUNCTIONS:
+            names[name] = _Module(lambda name=name: getattr(np, name),
+                                  f"mpitensor.array_api.{name}")
+            continue
         # Some names of older NumPy versions warn when read (deprecated aliases).
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -129,8 +146,6 @@ def numpy_names(defined) -> dict:
         if isinstance(obj, types.ModuleType):
             if name in _MODULES_AS_THEY_ARE:
                 names[name] = obj
-            elif name in _MODULES_OF_FUNCTIONS:
-                names[name] = _Module(obj, f"mpitensor.array_api.{name}")
         elif name in ("mgrid", "ogrid", "r_", "c_"):
             names[name] = _ArraysOutIndex(obj)
         elif obj is np.vectorize:
