@@ -3,8 +3,9 @@
 #
 # - python -m mpi4py turns an uncaught exception on one rank into MPI_Abort, so a
 #   crashed rank ends the job instead of leaving the others waiting;
-# - pytest-timeout (thread method) dumps the stacks, with the test's name, of a
-#   test that hangs; the outer `timeout` ends anything that still hangs;
+# - the conftest's watchdog dumps the stacks, with the test's name, of a test that
+#   takes over MT_TEST_TIMEOUT seconds and ends the job; the outer `timeout` ends
+#   anything that still hangs;
 # - rank 0 reports verbosely; the other ranks stay quiet, since the conftest sends
 #   their failures to rank 0.
 # MT_MPIEXEC replaces the launcher (tests/multinode/run.sh passes its simulated
@@ -14,7 +15,7 @@ np=${1:?usage: run_mpi_pytest.sh NP [pytest args]}
 shift
 here=$(cd "$(dirname "$0")/.." && pwd)
 py=${PYTHON:-$here/.venv/bin/python}
-per_test=${MT_TEST_TIMEOUT:-120}
+export MT_TEST_TIMEOUT=${MT_TEST_TIMEOUT:-120}
 whole=${MT_RUN_TIMEOUT:-900}
 launcher=${MT_MPIEXEC:-mpiexec}
 where=${MT_RUN_LABEL:+ on $MT_RUN_LABEL}
@@ -29,8 +30,7 @@ paths=("$here/tests/python")
 for a in "$@"; do
   case "$a" in -*) ;; *.py|*.py::*|*/*) paths=(); break ;; esac
 done
-common=(-m mpi4py -m pytest "${paths[@]}" -p no:cacheprovider
-        --timeout="$per_test" --timeout-method=thread)
+common=(-m mpi4py -m pytest "${paths[@]}" -p no:cacheprovider -p no:timeout)
 # The other ranks run without pytest's terminal plugin, which owns the verbosity and
 # report options: they take the remaining arguments only.
 quiet=()

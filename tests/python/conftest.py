@@ -15,7 +15,6 @@ import gc
 import os
 import re
 import shutil
-import sys
 import tempfile
 
 import pytest
@@ -85,6 +84,10 @@ def pytest_sessionfinish(session):
 
 
 def pytest_configure(config):
+    _watchdog_fd[0] = _run_stderr(config)
+    config.addinivalue_line(
+        "markers", "timeout(seconds): the test's own budget before its watchdog ends "
+        "the job (see pytest_runtest_protocol)")
     config.addinivalue_line(
         "markers", "np(*sizes): a test whose content is the same at every rank count (it "
         "reads the source tree, or starts its own jobs) runs only when the suite runs "
@@ -137,13 +140,32 @@ def pytest_report_header(config):
             f"{COMM.Get_rank()}")
 
 
+# Seconds a test may take (setup and teardown included) before its watchdog ends the
+# job; tests/run_mpi_pytest.sh sets it, a test's `timeout` marker replaces it.
+_PER_TEST = float(os.environ.get("MT_TEST_TIMEOUT", "300"))
+_watchdog_fd = [2]
+
+
+def _run_stderr(config) -> int:
+    """A descriptor of the run's own stderr. By the time conftests load, pytest's fd
+    capture has pointed fd 2 at a file that a process ended by the watchdog never
+    shows; the capture keeps the original, which this duplicates."""
+    capture = getattr(config.pluginmanager.getplugin("capturemanager"),
+                      "_global_capturing", None)
+    saved = getattr(getattr(capture, "err", None), "targetfd_save", None)
+    return os.dup(saved if isinstance(saved, int) else 2)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    # faulthandler's watchdog is a C thread: it needs no GIL to dump and exit. It
-    # fires after pytest-timeout would have, had that been able to.
-    per_test = item.config.getoption("timeout", None)
-    seconds = float(per_test) + 30 if per_test else 300.0
-    faulthandler.dump_traceback_later(seconds, exit=True, file=sys.__stderr__)
+    # The watchdog is faulthandler's C thread: it needs no GIL, so it also fires
+    # while a rank is stuck inside an MPI call that holds it. It dumps every
+    # thread's stack (the test's frame names the test) and ends the process, which
+    # `python -m mpi4py` turns into the end of the job. One watchdog a test: a
+    # thread of pytest-timeout's beside it cost more than an empty test at np 4.
+    marker = item.get_closest_marker("timeout")
+    seconds = float(marker.args[0]) if marker is not None and marker.args else _PER_TEST
+    faulthandler.dump_traceback_later(seconds, exit=True, file=_watchdog_fd[0])
     try:
         yield
     finally:
