@@ -164,7 +164,8 @@ def pytest_runtest_protocol(item, nextitem):
     # `python -m mpi4py` turns into the end of the job. One watchdog a test: a
     # thread of pytest-timeout's beside it cost more than an empty test at np 4.
     marker = item.get_closest_marker("timeout")
-    seconds = float(marker.args[0]) if marker is not None and marker.args else _PER_TEST
+    seconds = _PER_TEST if marker is None else float(
+        marker.args[0] if marker.args else marker.kwargs.get("timeout", _PER_TEST))
     faulthandler.dump_traceback_later(seconds, exit=True, file=_watchdog_fd[0])
     try:
         yield
