@@ -21,6 +21,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 from mpi4py import MPI
 
+import sweeps
+
 COMM = MPI.COMM_WORLD
 # Plans, and so the bytes the tests expect, follow the time model: the suite uses
 # the built-in one, whatever table `make calibrate` left on this machine.
@@ -94,10 +96,15 @@ def pytest_configure(config):
         "at one of these sizes (docs/testing.md)")
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m chose
 def pytest_collection_modifyitems(config, items):
     # `make test` runs the suite at np 1 to 4: a test that checks the same thing at
     # every size would cost 1 + 2 + 3 + 4 ranks' time to find what one rank finds.
     size = COMM.Get_size()
+    if not sweeps.full_sweep_at(size):
+        items[:], dropped = sweeps.covering(items)
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
     for item in items:
         marker = item.get_closest_marker("np")
         if marker is not None and size not in marker.args:

@@ -1,0 +1,60 @@
+"""The covering subset a sweep runs at three and four ranks (tests/python/sweeps.py)."""
+
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+
+import pytest
+import sweeps
+
+pytestmark = pytest.mark.np(1)
+
+
+def _items(function, **params):
+    """Fake collected items of ``function``, one per combination of ``params``'
+    values (in pytest's order: the product, the last parameter fastest)."""
+    names = list(params)
+    return [SimpleNamespace(path="test_x.py", originalname=function, name=f"{function}{combo}",
+                            callspec=SimpleNamespace(params=dict(zip(names, combo))))
+            for combo in itertools.product(*params.values())]
+
+
+def _covered(items):
+    return {(name, id(value)) for item in items for name, value in item.callspec.params.items()}
+
+
+def test_every_value_of_every_parameter_runs():
+    layouts, calls = [object() for _ in range(5)], [object() for _ in range(7)]
+    items = _items("test_f", layout=layouts, call=calls)
+    kept, dropped = sweeps.covering(items)
+    assert _covered(kept) == _covered(items)
+    assert len(kept) == 5 + 7 - 1 and len(kept) + len(dropped) == len(items)
+    assert kept == [item for item in items if item in kept]  # collection order
+
+
+def test_functions_are_covered_each_on_their_own():
+    values = [object(), object()]
+    first, second = _items("test_f", a=values, b=values), _items("test_g", a=values, b=values)
+    kept, _ = sweeps.covering(first + second)
+    assert len([i for i in kept if i.originalname == "test_f"]) == 3
+    assert len([i for i in kept if i.originalname == "test_g"]) == 3
+
+
+def test_values_that_print_alike_stay_distinct():
+    # Two layouts equal as values but distinct entries of the parametrisation.
+    items = _items("test_f", layout=[[1, 2], [1, 2]], call=[len])
+    assert len(sweeps.covering(items)[0]) == 2
+
+
+def test_unparametrised_tests_and_single_instances_are_kept():
+    plain = SimpleNamespace(path="test_x.py", originalname="test_h", name="test_h")
+    one = _items("test_f", layout=[object()], call=[object()])
+    assert sweeps.covering([plain, plain] + one) == ([plain, plain] + one, [])
+
+
+def test_full_sweeps_at_one_and_two_ranks_or_when_asked(monkeypatch):
+    monkeypatch.delenv("MT_FULL_SWEEPS", raising=False)
+    assert [sweeps.full_sweep_at(n) for n in (1, 2, 3, 4)] == [True, True, False, False]
+    monkeypatch.setenv("MT_FULL_SWEEPS", "1")
+    assert sweeps.full_sweep_at(4)
