@@ -1,10 +1,11 @@
 """Which instances of a parametrised test run at a rank count.
 
-A sweep (a test parametrised over layouts times calls, say) runs whole at one and two
-ranks. What three and four ranks add is the layout: uneven shards, a 2-D mesh, more
-peers in each exchange, which each value of each parameter exercises; the product of
-the values was already checked at two ranks. So at three and four ranks a sweep runs a
-covering subset: every value of every parameter at least once, in collection order.
+A sweep (a test parametrised over layouts times calls, say) runs whole at two ranks,
+where every layout splits the array. At one rank every layout is the whole array; what
+three and four ranks add is the layout (uneven shards, a 2-D mesh, more peers in each
+exchange), which each value of each parameter exercises, while the product of the
+values was checked at two. So at one, three and four ranks a sweep runs a covering
+subset: every value of every parameter at least once, in collection order.
 ``MT_FULL_SWEEPS=1`` runs every instance at every rank count.
 
 The choice depends only on the collected items, so every rank makes the same one.
@@ -16,9 +17,8 @@ import os
 
 __all__ = ["covering", "full_sweep_at"]
 
-# The rank counts at which every instance runs: each has a case of its own that the
-# layouts' values do not name (one process; the even split).
-_FULL_AT = (1, 2)
+# The rank counts at which every instance runs.
+_FULL_AT = (2,)
 
 
 def full_sweep_at(size: int) -> bool:
