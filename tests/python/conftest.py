@@ -102,7 +102,7 @@ def pytest_collection_modifyitems(config, items):
     # every size would cost 1 + 2 + 3 + 4 ranks' time to find what one rank finds.
     size = COMM.Get_size()
     if not sweeps.full_sweep_at(size):
-        items[:], dropped = sweeps.covering(items)
+        items[:], dropped = sweeps.covering(items, size)
         if dropped:
             config.hook.pytest_deselected(items=dropped)
     for item in items:

@@ -1,24 +1,27 @@
 """Which instances of a parametrised test run at a rank count.
 
 A sweep (a test parametrised over layouts times calls, say) runs whole at two ranks,
-where every layout splits the array. At one rank every layout is the whole array; what
-three and four ranks add is the layout (uneven shards, a 2-D mesh, more peers in each
-exchange), which each value of each parameter exercises, while the product of the
-values was checked at two. So at one, three and four ranks a sweep runs a covering
-subset: every value of every parameter at least once, in collection order.
-``MT_FULL_SWEEPS=1`` runs every instance at every rank count.
+where every layout splits the array. At one rank every layout is the whole array;
+three ranks add uneven shards and more peers in each exchange, which each layout
+value exercises with any call. So at one and three ranks, and at four, a sweep runs a
+covering subset: every value of every parameter at least once, in collection order.
+The one kind of layout only four ranks have, a mesh with two dims larger than one
+((2, 2), (2, 1, 2)), meets every call: an instance whose parameters hold such a mesh
+shape always runs. ``MT_FULL_SWEEPS=1`` runs every instance at every rank count.
 
-The choice depends only on the collected items, so every rank makes the same one.
+The choice depends only on the collected items and the world size, so every rank
+makes the same one.
 """
 
 from __future__ import annotations
 
+import math
 import os
 
 __all__ = ["covering", "full_sweep_at"]
 
-# The rank counts at which every instance runs.
-_FULL_AT = (2,)
+# The rank count at which every instance runs.
+_FULL_AT = 2
 
 
 def full_sweep_at(size: int) -> bool:
@@ -26,13 +29,26 @@ def full_sweep_at(size: int) -> bool:
 
     Example: ``full_sweep_at(4)`` is False unless ``MT_FULL_SWEEPS=1``.
     """
-    return size in _FULL_AT or os.environ.get("MT_FULL_SWEEPS") == "1"
+    return size == _FULL_AT or os.environ.get("MT_FULL_SWEEPS") == "1"
 
 
-def covering(items: list) -> tuple[list, list]:
+def _holds_grid(value, size: int, depth: int = 0) -> bool:
+    """Whether ``value`` (a parameter's value: tuples and lists looked into, a few
+    levels deep) holds a mesh shape of ``size`` ranks with two dims larger than one.
+    A tensor shape that looks like one counts too, which only keeps an instance."""
+    if not isinstance(value, (tuple, list)) or depth > 4:
+        return False
+    if len(value) >= 2 and all(type(n) is int for n in value):
+        return sum(n > 1 for n in value) >= 2 and math.prod(value) == size
+    return any(_holds_grid(v, size, depth + 1) for v in value[:16])
+
+
+def covering(items: list, size: int) -> tuple[list, list]:
     """``(kept, dropped)``: of the parametrised instances of each test function, the
-    first that brings a parameter value not yet run is kept, the others dropped;
-    items without parameters are all kept. Both lists keep the collection order.
+    first that brings a parameter value not yet run is kept, and every one whose
+    parameters hold a mesh shape of ``size`` ranks with two dims larger than one; the
+    others are dropped. Items without parameters are kept. Both lists keep the
+    collection order.
 
     A value is the object the parametrisation passed (the same object in every
     instance that uses it), so values that print alike stay distinct.
@@ -44,7 +60,7 @@ def covering(items: list) -> tuple[list, list]:
     kept, dropped = [], []
     for item in items:
         spec = getattr(item, "callspec", None)
-        if spec is None:
+        if spec is None or any(_holds_grid(v, size) for v in spec.params.values()):
             kept.append(item)
             continue
         values = {(name, id(value)) for name, value in spec.params.items()}

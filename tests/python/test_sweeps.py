@@ -1,4 +1,4 @@
-"""The covering subset a sweep runs at three and four ranks (tests/python/sweeps.py)."""
+"""The covering subset a sweep runs at one, three and four ranks (tests/python/sweeps.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def _items(function, **params):
     """Fake collected items of ``function``, one per combination of ``params``'
     values (in pytest's order: the product, the last parameter fastest)."""
     names = list(params)
-    return [SimpleNamespace(path="test_x.py", originalname=function, name=f"{function}{combo}",
+    return [SimpleNamespace(path="test_x.py", originalname=function,
                             callspec=SimpleNamespace(params=dict(zip(names, combo))))
             for combo in itertools.product(*params.values())]
 
@@ -27,30 +27,38 @@ def _covered(items):
 def test_every_value_of_every_parameter_runs():
     layouts, calls = [object() for _ in range(5)], [object() for _ in range(7)]
     items = _items("test_f", layout=layouts, call=calls)
-    kept, dropped = sweeps.covering(items)
+    kept, dropped = sweeps.covering(items, 4)
     assert _covered(kept) == _covered(items)
     assert len(kept) == 5 + 7 - 1 and len(kept) + len(dropped) == len(items)
     assert kept == [item for item in items if item in kept]  # collection order
 
 
+def test_a_mesh_with_two_dims_larger_than_one_meets_every_call():
+    layouts = [((4,), "S0"), ((2, 2), ("S0", "S1")), ((1, 4), ("R", "S0"))]
+    items = _items("test_f", layout=layouts, call=["x", "y", "z"])
+    kept, dropped = sweeps.covering(items, 4)
+    assert [i.callspec.params["layout"][0] for i in kept] == [(4,)] * 3 + [(2, 2)] * 3 + [(1, 4)]
+    # At another world size the same shape is no mesh of it: covered like the rest.
+    assert len(sweeps.covering(items, 2)[0]) == 3 + 2
+
+
 def test_functions_are_covered_each_on_their_own():
     values = [object(), object()]
-    first, second = _items("test_f", a=values, b=values), _items("test_g", a=values, b=values)
-    kept, _ = sweeps.covering(first + second)
-    assert len([i for i in kept if i.originalname == "test_f"]) == 3
-    assert len([i for i in kept if i.originalname == "test_g"]) == 3
+    items = _items("test_f", a=values, b=values) + _items("test_g", a=values, b=values)
+    kept, _ = sweeps.covering(items, 4)
+    assert [i.originalname for i in kept] == ["test_f"] * 3 + ["test_g"] * 3
 
 
 def test_values_that_print_alike_stay_distinct():
     # Two layouts equal as values but distinct entries of the parametrisation.
     items = _items("test_f", layout=[[1, 2], [1, 2]], call=[len])
-    assert len(sweeps.covering(items)[0]) == 2
+    assert len(sweeps.covering(items, 4)[0]) == 2
 
 
 def test_unparametrised_tests_and_single_instances_are_kept():
-    plain = SimpleNamespace(path="test_x.py", originalname="test_h", name="test_h")
+    plain = SimpleNamespace(path="test_x.py", originalname="test_h")
     one = _items("test_f", layout=[object()], call=[object()])
-    assert sweeps.covering([plain, plain] + one) == ([plain, plain] + one, [])
+    assert sweeps.covering([plain, plain] + one, 4) == ([plain, plain] + one, [])
 
 
 def test_full_sweeps_at_two_ranks_or_when_asked(monkeypatch):
