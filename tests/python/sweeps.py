@@ -7,7 +7,9 @@ value exercises with any call. So at one and three ranks, and at four, a sweep r
 covering subset: every value of every parameter at least once, in collection order.
 The one kind of layout only four ranks have, a mesh with two dims larger than one
 ((2, 2), (2, 1, 2)), meets every call: an instance whose parameters hold such a mesh
-shape always runs. ``MT_FULL_SWEEPS=1`` runs every instance at every rank count.
+shape always runs, and so does every instance of a test that runs at some rank counts
+only (a ``skipif`` on the world size, an ``np`` marker), whose product may run nowhere
+else. ``MT_FULL_SWEEPS=1`` runs every instance at every rank count.
 
 The choice depends only on the collected items and the world size, so every rank
 makes the same one.
@@ -43,12 +45,12 @@ def _holds_grid(value, size: int, depth: int = 0) -> bool:
     return any(_holds_grid(v, size, depth + 1) for v in value[:16])
 
 
-def covering(items: list, size: int) -> tuple[list, list]:
+def covering(items: list, size: int, keep=lambda item: False) -> tuple[list, list]:
     """``(kept, dropped)``: of the parametrised instances of each test function, the
     first that brings a parameter value not yet run is kept, and every one whose
-    parameters hold a mesh shape of ``size`` ranks with two dims larger than one; the
-    others are dropped. Items without parameters are kept. Both lists keep the
-    collection order.
+    parameters hold a mesh shape of ``size`` ranks with two dims larger than one, or
+    for which ``keep(item)`` is true; the others are dropped. Items without
+    parameters are kept. Both lists keep the collection order.
 
     A value is the object the parametrisation passed (the same object in every
     instance that uses it), so values that print alike stay distinct.
@@ -60,7 +62,7 @@ def covering(items: list, size: int) -> tuple[list, list]:
     kept, dropped = [], []
     for item in items:
         spec = getattr(item, "callspec", None)
-        if spec is None or any(_holds_grid(v, size) for v in spec.params.values()):
+        if spec is None or keep(item) or any(_holds_grid(v, size) for v in spec.params.values()):
             kept.append(item)
             continue
         values = {(name, id(value)) for name, value in spec.params.items()}

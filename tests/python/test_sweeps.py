@@ -42,6 +42,12 @@ def test_a_mesh_with_two_dims_larger_than_one_meets_every_call():
     assert len(sweeps.covering(items, 2)[0]) == 3 + 2
 
 
+def test_a_test_that_runs_at_some_sizes_only_runs_whole():
+    items = _items("test_f", layout=["a", "b"], call=["x", "y", "z"])
+    kept, dropped = sweeps.covering(items, 4, keep=lambda item: True)
+    assert kept == items and dropped == []
+
+
 def test_functions_are_covered_each_on_their_own():
     values = [object(), object()]
     items = _items("test_f", a=values, b=values) + _items("test_g", a=values, b=values)
