@@ -102,7 +102,7 @@ def pytest_collection_modifyitems(config, items):
     # every size would cost 1 + 2 + 3 + 4 ranks' time to find what one rank finds.
     size = COMM.Get_size()
     if not sweeps.full_sweep_at(size):
-        items[:], dropped = sweeps.covering(items, size, keep=_runs_at_some_sizes)
+        items[:], dropped = sweeps.covering(items, size, keep=sweeps.runs_at_some_sizes)
         if dropped:
             config.hook.pytest_deselected(items=dropped)
     for item in items:
@@ -111,13 +111,6 @@ def pytest_collection_modifyitems(config, items):
             sizes = ", ".join(str(n) for n in marker.args)
             item.add_marker(pytest.mark.skip(
                 reason=f"the same at every rank count: runs at np {sizes}"))
-
-
-def _runs_at_some_sizes(item) -> bool:
-    """Whether a test is marked to run at some world sizes only (conservatively: any
-    ``skipif``, whatever its condition)."""
-    return item.get_closest_marker("np") is not None or next(
-        item.iter_markers("skipif"), None) is not None
 
 
 def pytest_collection_finish(session):

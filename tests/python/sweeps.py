@@ -8,8 +8,8 @@ covering subset: every value of every parameter at least once, in collection ord
 The one kind of layout only four ranks have, a mesh with two dims larger than one
 ((2, 2), (2, 1, 2)), meets every call: an instance whose parameters hold such a mesh
 shape always runs, and so does every instance of a test that runs at some rank counts
-only (a ``skipif`` on the world size, an ``np`` marker), whose product may run nowhere
-else. ``MT_FULL_SWEEPS=1`` runs every instance at every rank count.
+only (a ``skipif`` on the world size, an ``np`` or ``mpi(ranks=N)`` marker), whose
+product may run nowhere else. ``MT_FULL_SWEEPS=1`` runs every instance at every rank count.
 
 The choice depends only on the collected items and the world size, so every rank
 makes the same one.
@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import os
 
-__all__ = ["covering", "full_sweep_at"]
+__all__ = ["covering", "full_sweep_at", "runs_at_some_sizes"]
 
 # The rank count at which every instance runs.
 _FULL_AT = 2
@@ -32,6 +32,17 @@ def full_sweep_at(size: int) -> bool:
     Example: ``full_sweep_at(4)`` is False unless ``MT_FULL_SWEEPS=1``.
     """
     return size == _FULL_AT or os.environ.get("MT_FULL_SWEEPS") == "1"
+
+
+def runs_at_some_sizes(item) -> bool:
+    """Whether a collected test is marked to run at some world sizes only: ``np``,
+    ``mpi`` (its ``ranks``), or any ``skipif`` (conservatively, whatever its
+    condition).
+
+    Example: ``covering(items, 4, keep=runs_at_some_sizes)``.
+    """
+    return any(item.get_closest_marker(name) is not None for name in ("np", "mpi")) or next(
+        item.iter_markers("skipif"), None) is not None
 
 
 def _holds_grid(value, size: int, depth: int = 0) -> bool:

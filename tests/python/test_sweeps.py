@@ -48,6 +48,17 @@ def test_a_test_that_runs_at_some_sizes_only_runs_whole():
     assert kept == items and dropped == []
 
 
+@pytest.mark.parametrize("marks,some", [
+    ([], False), ([pytest.mark.np(1)], True), ([pytest.mark.mpi(ranks=4)], True),
+    ([pytest.mark.skipif(False, reason="")], True), ([pytest.mark.timeout(5)], False)])
+def test_which_tests_run_at_some_sizes_only(marks, some):
+    marks = [m.mark for m in marks]
+    item = SimpleNamespace(
+        get_closest_marker=lambda name: next((m for m in marks if m.name == name), None),
+        iter_markers=lambda name: (m for m in marks if m.name == name))
+    assert sweeps.runs_at_some_sizes(item) is some
+
+
 def test_functions_are_covered_each_on_their_own():
     values = [object(), object()]
     items = _items("test_f", a=values, b=values) + _items("test_g", a=values, b=values)
