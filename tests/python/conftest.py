@@ -94,6 +94,10 @@ def pytest_configure(config):
         "markers", "np(*sizes): a test whose content is the same at every rank count (it "
         "reads the source tree, or starts its own jobs) runs only when the suite runs "
         "at one of these sizes (docs/testing.md)")
+    config.addinivalue_line(
+        "markers", "world(*sizes, reason): a test that needs a world of one of these sizes "
+        "(a 2 x 2 mesh needs 4 ranks) runs only there; unlike a skipif on the size, the "
+        "sweeps see it (tests/python/sweeps.py)")
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m chose
@@ -111,6 +115,10 @@ def pytest_collection_modifyitems(config, items):
             sizes = ", ".join(str(n) for n in marker.args)
             item.add_marker(pytest.mark.skip(
                 reason=f"the same at every rank count: runs at np {sizes}"))
+        marker = item.get_closest_marker("world")
+        if marker is not None and size not in marker.args:
+            item.add_marker(pytest.mark.skip(reason=marker.kwargs.get(
+                "reason", f"needs {' or '.join(str(n) for n in marker.args)} ranks")))
 
 
 def pytest_collection_finish(session):

@@ -8,8 +8,10 @@ covering subset: every value of every parameter at least once, in collection ord
 The one kind of layout only four ranks have, a mesh with two dims larger than one
 ((2, 2), (2, 1, 2)), meets every call: an instance whose parameters hold such a mesh
 shape always runs, and so does every instance of a test that runs at some rank counts
-only (a ``skipif`` on the world size, an ``np`` or ``mpi(ranks=N)`` marker), whose
-product may run nowhere else. ``MT_FULL_SWEEPS=1`` runs every instance at every rank count.
+only (a ``world``, ``np`` or ``mpi(ranks=N)`` marker), whose product may run nowhere
+else. A condition on the world size is therefore a ``world`` marker, never a ``skipif``:
+a skipif's condition is a value the sweeps cannot read at another size
+(test_sweeps.py checks that none skips a sweep at two ranks). ``MT_FULL_SWEEPS=1`` runs every instance at every rank count.
 
 The choice depends only on the collected items and the world size, so every rank
 makes the same one.
@@ -35,14 +37,12 @@ def full_sweep_at(size: int) -> bool:
 
 
 def runs_at_some_sizes(item) -> bool:
-    """Whether a collected test is marked to run at some world sizes only: ``np``,
-    ``mpi`` (its ``ranks``), or any ``skipif`` (conservatively, whatever its
-    condition).
+    """Whether a collected test is marked to run at some world sizes only: ``world``,
+    ``np`` or ``mpi`` (its ``ranks``).
 
     Example: ``covering(items, 4, keep=runs_at_some_sizes)``.
     """
-    return any(item.get_closest_marker(name) is not None for name in ("np", "mpi")) or next(
-        item.iter_markers("skipif"), None) is not None
+    return any(item.get_closest_marker(name) is not None for name in ("world", "np", "mpi"))
 
 
 def _holds_grid(value, size: int, depth: int = 0) -> bool:

@@ -129,7 +129,7 @@ def test_parallel_input_annotation_bad_on_one_rank_without_checks(mesh, bad, loc
     assert annotate(np.ones((4, 3)), mesh, [Shard(0)]).shape == (4 * W, 3)
 
 
-@pytest.mark.skipif(W != 4, reason="a (2, 2) mesh")
+@pytest.mark.world(4, reason="a (2, 2) mesh")
 @pytest.mark.parametrize("kind", ["not_an_array", "other_ndim", "misfit"])
 def test_parallel_input_annotation_on_a_2d_mesh(mesh, bad, kind, checks):
     square = init_device_mesh("cpu", (2, 2))

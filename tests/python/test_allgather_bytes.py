@@ -24,7 +24,7 @@ def test_every_rank_gets_every_message_in_order(mesh):
     assert mode.get_total_counts() == 0
 
 
-@pytest.mark.skipif(N != 4, reason="a 2 x 2 mesh")
+@pytest.mark.world(4, reason="a 2 x 2 mesh")
 @pytest.mark.parametrize("dim", [0, 1])
 def test_along_one_dim_of_a_2d_mesh(dim):
     mesh = init_device_mesh("cpu", (2, 2))

@@ -126,7 +126,7 @@ def test_operation_needing_a_redistribution_on_one_rank(mesh, checks):
     assert r is True, r
 
 
-@pytest.mark.skipif(W != 4, reason="a 2 x 2 mesh")
+@pytest.mark.world(4, reason="a 2 x 2 mesh")
 def test_mismatch_on_a_sub_mesh_stays_in_that_sub_mesh(checks):
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     tp = mesh["tp"]

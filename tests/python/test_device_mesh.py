@@ -151,7 +151,7 @@ def test_explicit_permuted_mesh(order, world_size):
     assert problems == []
 
 
-@pytest.mark.skipif(N != 4, reason="needs 4 ranks")
+@pytest.mark.world(4, reason="needs 4 ranks")
 def test_explicit_two_by_two_column_major():
     ranks = [[0, 2], [1, 3]]
     mesh = DeviceMesh("cpu", ranks, mesh_dim_names=("dp", "tp"))
@@ -267,7 +267,7 @@ def test_slice_by_several_names(shape):
     assert mesh["a", "b", "c"] is mesh
 
 
-@pytest.mark.skipif(N != 4, reason="needs 4 ranks")
+@pytest.mark.world(4, reason="needs 4 ranks")
 def test_slice_two_by_two_rows_and_columns():
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     tp, dp = mesh["tp"], mesh["dp"]

@@ -111,7 +111,7 @@ def test_nested_shards_of_one_dim(meshes):
     assert problems == []
 
 
-@pytest.mark.skipif(N != 4, reason="needs 4 ranks")
+@pytest.mark.world(4, reason="needs 4 ranks")
 def test_nested_shards_on_two_by_two_in_rank_order(meshes):
     mesh = meshes[(2, 2)]
     local = np.full((2, 3), float(RANK))

@@ -313,7 +313,7 @@ def test_forwards_before_their_backwards(mesh):
 
 DP = 2 if W == 4 else 1
 TP = W // DP
-needs_4 = pytest.mark.skipif(W != 4, reason="a (2, 2) mesh needs 4 ranks")
+needs_4 = pytest.mark.world(4, reason="a (2, 2) mesh needs 4 ranks")
 
 
 @pytest.fixture(scope="module")
@@ -517,7 +517,7 @@ def test_2d_transformer_gradients_equal_one_rank(mesh2d):
 
 # -- reshard_after_forward as an int: the post-forward mesh --------------------------
 
-@pytest.mark.skipif(W != 4, reason="a non-trivial divisor of dp: 2 of 4")
+@pytest.mark.world(4, reason="a non-trivial divisor of dp: 2 of 4")
 def test_reshard_to_groups_of_two(mesh):
     """After forward each pair of ranks keeps the parameters between them: the
     backward's all-gathers run over 2 ranks (fewer bytes sent than the forward's
@@ -574,7 +574,7 @@ def test_reshard_int_edge_values(mesh):
             fully_shard(MLP(), mesh=mesh, reshard_after_forward=bad)
 
 
-@pytest.mark.skipif(W != 4, reason="a dp of 4 sliced from a (4, 1) mesh")
+@pytest.mark.world(4, reason="a dp of 4 sliced from a (4, 1) mesh")
 def test_reshard_to_groups_of_two_beside_tp():
     """reshard_after_forward=2 on a dp mesh sliced from (dp, tp), with the module
     parallelized over tp: the backward gathers over pairs of dp ranks, and the

@@ -173,7 +173,7 @@ def test_collectives_per_step(shape, reshard):
             assert sent[name] == nbytes, (name, dict(sent))
 
 
-@pytest.mark.skipif(W != 4, reason="a non-trivial divisor of the shard dim: 2 of 4")
+@pytest.mark.world(4, reason="a non-trivial divisor of the shard dim: 2 of 4")
 def test_reshard_to_groups_of_two():
     """reshard_after_forward=2 on (1, 4): after forward each pair of ranks keeps the
     group between them, the backward gathers over 2 ranks (2/3 of the forward's

@@ -368,9 +368,9 @@ def test_empty_backward_list_restores_the_default(mesh):
 @pytest.mark.parametrize("kw", [
     {"reshard_after_forward": False},
     {"mp_policy": "float32"},
-    pytest.param({"reshard_after_forward": 2}, marks=pytest.mark.skipif(
-        W != 4, reason="groups of 2 of 4 ranks")),
-    pytest.param({"hsdp": True}, marks=pytest.mark.skipif(W != 4, reason="a (2, 2) mesh")),
+    pytest.param({"reshard_after_forward": 2}, marks=pytest.mark.world(
+        4, reason="groups of 2 of 4 ranks")),
+    pytest.param({"hsdp": True}, marks=pytest.mark.world(4, reason="a (2, 2) mesh")),
 ])
 def test_same_step_with_fsdp_options(mesh, kw):
     """Prefetching changes nothing with the other options either: blocks kept
@@ -455,7 +455,7 @@ def test_equals_torch_with_prefetch(mesh):
         assert all(n <= torchs.get(name, 0) for name, n in mine.items()), (mine, torchs)
 
 
-@pytest.mark.skipif(W != 4, reason="a (2, 2) (dp, tp) mesh")
+@pytest.mark.world(4, reason="a (2, 2) (dp, tp) mesh")
 def test_same_step_beside_tensor_parallelism():
     """FSDP over mesh["dp"] of a model parallelized over mesh["tp"]: block 1's
     forward prefetched by block 0, the default backward prefetch: the same

@@ -200,7 +200,7 @@ def test_compute_for_this_rank_matches_reference_and_tiles(mesh_shape, comm):
     assert problems == []
 
 
-@pytest.mark.skipif(N != 4, reason="needs 4 ranks")
+@pytest.mark.world(4, reason="needs 4 ranks")
 def test_compute_worked_examples_on_four_ranks():
     line = init_device_mesh("cpu", (4,))
     grid = init_device_mesh("cpu", (2, 2))

@@ -87,7 +87,7 @@ def test_alike_results_cost_no_warning():
         np.linalg.svd(distribute_tensor(a, mesh, [Shard(0)]), full_matrices=False)
 
 
-@pytest.mark.skipif(P != 4, reason="replica groups need a mesh dim the grid leaves out")
+@pytest.mark.world(4, reason="replica groups need a mesh dim the grid leaves out")
 def test_scalapack_replica_groups_give_one_result(monkeypatch):
     """A matrix replicated over a mesh dim its grid does not use is factored by
     each replica group: groups that round differently (made so here by patching

@@ -642,7 +642,7 @@ def test_a_value_sharded_along_cut_rows_sends_each_row_to_its_owner(key, dtype):
         assert_matches(x, want)
 
 
-@pytest.mark.skipif(W != 4, reason="a (2, 2) mesh")
+@pytest.mark.world(4, reason="a (2, 2) mesh")
 def test_a_value_sharded_along_cut_rows_on_a_2d_mesh():
     mesh = mesh_of((2, 2))
     full = np.arange(9.0 * 6).reshape(9, 6)

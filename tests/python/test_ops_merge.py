@@ -341,7 +341,7 @@ def test_norm_without_a_rule_names_itself():
         np.linalg.norm(dt, "nuc")
 
 
-@pytest.mark.skipif(W < 3, reason="needs a rank outside a two-rank mesh")
+@pytest.mark.world(3, 4, reason="needs a rank outside a two-rank mesh")
 def test_ranks_outside_the_mesh_get_the_same_spec_and_no_data():
     mesh = DeviceMesh("cpu", [0, 1])
     full = np.arange(35.0).reshape(7, 5)

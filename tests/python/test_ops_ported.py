@@ -247,7 +247,7 @@ def test_cumsum_flattened_rows_scans_without_gathering(shape):
         assert counts(mode) == {"all_to_all_single": 4, "exscan": 2}
 
 
-@pytest.mark.skipif(W != 4, reason="a (2, 2) mesh")
+@pytest.mark.world(4, reason="a (2, 2) mesh")
 @pytest.mark.parametrize("shape", [(8,), (7,), (8, 3), (7, 3)], ids=str)
 def test_cumsum_of_an_axis_sharded_twice_scans_without_gathering(shape):
     """Dim 0 cut by both mesh dims, nested: a scan per mesh dim and an all-reduce of

@@ -92,7 +92,7 @@ def test_softmax_placements_and_moves(shard_dim):
 
 # -- test_math_ops: test_shard_math_ops ---------------------------------------------------
 
-@pytest.mark.skipif(W != 4, reason="a (2, 2) mesh")
+@pytest.mark.world(4, reason="a (2, 2) mesh")
 @pytest.mark.parametrize("pls", [[S0, S0], [S0, S1]], ids=str)
 def test_scalar_arithmetic_on_doubly_sharded_arrays(pls):
     mesh = mesh_of((2, 2))
@@ -174,7 +174,7 @@ def test_svd_of_shard0_square_gathers_nothing():
         assert u.placements == (S0,) and vh.placements == (S0,)
 
 
-@pytest.mark.skipif(W != 4, reason="a (2, 2) mesh")
+@pytest.mark.world(4, reason="a (2, 2) mesh")
 def test_std_of_a_fully_sharded_matrix():
     mesh = mesh_of((2, 2))
     g = np.array([[-20.0, -18.0, -12.0, 0.0], [-20.0, -18.0, -8.0, 4.0]])
@@ -553,7 +553,7 @@ def test_matmul_of_two_partials_reduces_one(mesh_shape, op):
     assert_matches(got, a.full_tensor() @ b.full_tensor())
 
 
-@pytest.mark.skipif(W != 4, reason="a (2, 2) mesh")
+@pytest.mark.world(4, reason="a (2, 2) mesh")
 @pytest.mark.parametrize("op", ["sum", "avg"])
 def test_matmul_of_partials_on_different_mesh_dims_is_local(op):
     mesh = mesh_of((2, 2))
@@ -938,7 +938,7 @@ def test_stack_and_concatenate_of_partial_with_replicate_move_nothing(op):
     assert_matches(outs[1], np.concatenate([full_p, full_r], axis=1))
 
 
-@pytest.mark.skipif(W != 4, reason="a (2, 2) mesh")
+@pytest.mark.world(4, reason="a (2, 2) mesh")
 def test_stack_of_partials_on_a_2d_mesh():
     mesh = mesh_of((2, 2))
     coord = mesh.get_coordinate()

@@ -234,7 +234,7 @@ def test_max_and_min_over_empty_shards_propagate_nan_and_raise_on_empty_axes():
     _check_extreme(mesh, np.zeros((3, 0)), [S0], 0, False)
 
 
-@pytest.mark.skipif(W != 4, reason="a (2, 2) mesh")
+@pytest.mark.world(4, reason="a (2, 2) mesh")
 @pytest.mark.parametrize("pls", [(S0, S0), (S0, S1), (R, S0), (S1, S0)],
                          ids=["S0S0", "S0S1", "RS0", "S1S0"])
 def test_max_and_min_over_empty_nested_shards(pls):

@@ -77,7 +77,7 @@ def test_logaddexp_reduce_and_histogram_match_numpy_on_empty_shards(shape):
         np.testing.assert_allclose(edges, want_edges, rtol=1e-12)
 
 
-@pytest.mark.skipif(W != 4, reason="a (2, 2) mesh: one mesh dim cuts the axis, the "
+@pytest.mark.world(4, reason="a (2, 2) mesh: one mesh dim cuts the axis, the "
                                    "other a kept dim")
 @pytest.mark.parametrize("collective", ["all_gather", "all_reduce"])
 def test_logaddexp_reduce_with_a_kept_dim_cut_unevenly(collective, monkeypatch):

@@ -135,7 +135,7 @@ def test_an_allocation_failing_on_one_rank_raises_memory_error_everywhere(mesh, 
     still_in_step()
 
 
-@pytest.mark.skipif(N != 4, reason="a plan of two collectives needs a (2, 2) mesh")
+@pytest.mark.world(4, reason="a plan of two collectives needs a (2, 2) mesh")
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("async_op", [False, True], ids=["blocking", "async"])
 def test_an_intermediate_buffer_failing_on_one_rank_raises_memory_error_everywhere(async_op):

@@ -15,13 +15,11 @@ import random
 
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 from mpitensor import _strided
 from mpitensor.placement_types import Partial, Replicate, Shard, _StridedShard
 
-pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1,
-                                reason="local layout math; the np=1 run covers it")
+pytestmark = pytest.mark.np(1)  # local layout math
 
 SIZES = (1, 2, 3, 4, 5, 6, 8, 12)
 MESHES = ((2,), (3,), (2, 2), (3, 2), (2, 2, 2), (2, 3, 2))

@@ -50,7 +50,8 @@ def test_a_test_that_runs_at_some_sizes_only_runs_whole():
 
 @pytest.mark.parametrize("marks,some", [
     ([], False), ([pytest.mark.np(1)], True), ([pytest.mark.mpi(ranks=4)], True),
-    ([pytest.mark.skipif(False, reason="")], True), ([pytest.mark.timeout(5)], False)])
+    ([pytest.mark.world(4, reason="a (2, 2) mesh")], True),
+    ([pytest.mark.skipif(False, reason="")], False), ([pytest.mark.timeout(5)], False)])
 def test_which_tests_run_at_some_sizes_only(marks, some):
     marks = [m.mark for m in marks]
     item = SimpleNamespace(
@@ -83,3 +84,25 @@ def test_full_sweeps_at_two_ranks_or_when_asked(monkeypatch):
     assert [sweeps.full_sweep_at(n) for n in (1, 2, 3, 4)] == [False, True, False, False]
     monkeypatch.setenv("MT_FULL_SWEEPS", "1")
     assert sweeps.full_sweep_at(4)
+
+
+@pytest.mark.np(2)
+def test_no_skipif_skips_a_sweep_where_it_runs_whole(request):
+    # Sweeps run whole at two ranks only. A skipif that skips one there, a condition
+    # on the world size, leaves its product run whole nowhere: that is a `world`
+    # marker, which the covering keeps whole where the test runs. Opt-in runs (a
+    # variable the user sets) are the exception.
+    from _pytest.skipping import evaluate_condition
+
+    opt_in = {"moves gigabytes: set MT_LARGE=1"}
+
+    skipped = set()
+    for item in request.session.items:
+        if getattr(item, "callspec", None) is None:
+            continue
+        for mark in item.iter_markers("skipif"):
+            conditions = mark.args or (mark.kwargs.get("condition"),)
+            if mark.kwargs.get("reason") not in opt_in and any(
+                    evaluate_condition(item, mark, c)[0] for c in conditions):
+                skipped.add(f"{item.path.name}::{item.originalname}: {mark.kwargs.get('reason')}")
+    assert not skipped, sorted(skipped)

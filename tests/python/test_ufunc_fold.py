@@ -52,7 +52,7 @@ def test_fold_is_numpys_bit_for_bit(ufunc, shape, pl, axis):
     same(ufunc.reduceat(x, idx, axis=axis), ufunc.reduceat(g, idx, axis=axis))
 
 
-@pytest.mark.skipif(W != 4, reason="a 2 x 2 mesh")
+@pytest.mark.world(4, reason="a 2 x 2 mesh")
 @pytest.mark.parametrize("pl,axis", [([S0, S1], 1), ([S1, S0], 0)])
 def test_fold_along_one_dim_of_a_2d_mesh(pl, axis):
     g = np.random.default_rng(3).uniform(-2.0, 2.0, (5, 7))

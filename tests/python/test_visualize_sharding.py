@@ -18,7 +18,7 @@ from mpi_helpers import Problems, coordinates, raised, ref_box
 COMM = MPI.COMM_WORLD
 W = COMM.Get_size()
 R, S0, S1 = Replicate(), Shard(0), Shard(1)
-at4 = pytest.mark.skipif(W != 4, reason="the written-out tables are for 4 ranks")
+at4 = pytest.mark.world(4, reason="the written-out tables are for 4 ranks")
 
 
 def shown(capsys, dt, **kw) -> str:
