@@ -34,7 +34,7 @@ export OPENBLAS_NUM_THREADS := 1
 export PYTHONPYCACHEPREFIX := $(abspath build/pycache)
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: ecosystem plan-ranking install system-deps demo docs test test-c test-python test-plain test-examples \
+.PHONY: ecosystem plan-ranking install system-deps demo docs test test-c test-python test-plain test-pages test-examples \
   test-network test-multinode test-lint test-fuzz fuzz-seeds test-fuzz-ranks test-asan \
   test-array-api test-array-api-short array-api-suite bench bench-check calibrate \
   bench-multinode clean
@@ -89,21 +89,21 @@ demo: install
 	mpiexec --oversubscribe -n 4 $(PY) -m mpi4py examples/quickstart.py
 
 # The parts run one after the other, each given INSTALLED=1 so that none installs
-# again; a pair a+b runs side by side (b's report shown after a's), where the first
-# leaves a core mostly idle: the one-rank pass and the plain pytest run spend much
-# of their time waiting for the jobs their tests start.
+# again; the members of a part a+b+c run side by side (the others' reports shown
+# after a's): the one-rank pass leaves a core to clang-tidy, and the fuzzer's fixed
+# minute shrinks what the plain pytest runs leave idle.
 TEST_PARTS := test-c test-python-1+test-lint test-python-2 test-python-3 test-python-4 \
-  test-plain+test-fuzz test-examples test-multinode test-array-api-short
+  test-plain+test-pages+test-fuzz test-examples test-multinode test-array-api-short
 test: install
 	@start=$$(date +%s); failed=; times=; export MT_FAILURES=$(abspath build/test-failures.txt); \
 	mkdir -p build; rm -f "$$MT_FAILURES"; \
-	for part in $(TEST_PARTS); do t=$$(date +%s); \
-	  second=; case $$part in *+*) second=$${part#*+}; part=$${part%+*};; esac; \
-	  if [ -n "$$second" ]; then $(MAKE) --no-print-directory INSTALLED=1 $$second \
-	    > build/$$second.log 2>&1 & pid=$$!; fi; \
-	  $(MAKE) --no-print-directory INSTALLED=1 $$part || failed="$$failed $$part"; \
-	  if [ -n "$$second" ]; then wait $$pid || failed="$$failed $$second"; \
-	    cat build/$$second.log; part="$$part+$$second"; fi; \
+	for part in $(TEST_PARTS); do t=$$(date +%s); first=$${part%%+*}; pids=; \
+	  for other in $$(echo "$${part#$$first}" | tr '+' ' '); do \
+	    $(MAKE) --no-print-directory INSTALLED=1 $$other > build/$$other.log 2>&1 & \
+	    pids="$$pids $$other:$$!"; done; \
+	  $(MAKE) --no-print-directory INSTALLED=1 $$first || failed="$$failed $$first"; \
+	  for other in $$pids; do wait $${other#*:} || failed="$$failed $${other%:*}"; \
+	    cat build/$${other%:*}.log; done; \
 	  times="$$times $$part $$(( $$(date +%s) - t ))s,"; done; \
 	echo "make test, each part:$${times%,}"; \
 	echo "make test: $$(( $$(date +%s) - start ))s, $$( [ -z "$$failed" ] && echo passed || echo "FAILED in:$$failed")"; \
@@ -127,14 +127,19 @@ test-python-%: install
 
 # Plain pytest, as users run it: the mpi-marked tests (each started under mpiexec by
 # the pytest_mpitensor plugin; only the files that mark any are collected, since the
-# rest of the suite runs under mpiexec in test-python), the plugin's own tests, every
-# notebook headless, and the programs on the tutorial pages of docs/.
+# rest of the suite runs under mpiexec in test-python) and the plugin's own tests.
 test-plain: install
 	tests/record_failures.sh "plain pytest -m mpi" \
 	  timeout -k 20 1200 $(PY) -m pytest -m mpi \
 	  $$(grep -l -E 'mark\.mpi\b' tests/python/test_*.py) -q
-	tests/record_failures.sh "plain pytest of plugin, notebooks, docs" \
-	  timeout -k 20 1200 $(PY) -m pytest tests/plugin tests/notebooks tests/docs -q
+	tests/record_failures.sh "plain pytest of the plugin" \
+	  timeout -k 20 1200 $(PY) -m pytest tests/plugin -q
+
+# What users read and run: every notebook headless, the programs on the pages of
+# docs/ and the README, and the site built strict.
+test-pages: install
+	tests/record_failures.sh "plain pytest of notebooks and pages" \
+	  timeout -k 20 1200 $(PY) -m pytest tests/notebooks tests/docs -q
 	tests/record_failures.sh "mkdocs build --strict" $(MAKE) --no-print-directory docs
 
 # docs/ as HTML in build/site (MkDocs, strict: a warning such as a broken link, a
