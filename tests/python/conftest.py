@@ -10,6 +10,7 @@ thread cannot run.
 
 from __future__ import annotations
 
+import array
 import faulthandler
 import gc
 import os
@@ -199,6 +200,11 @@ def pytest_runtest_makereport(item, call):
     # Teardown runs for every test on every rank, even after a failed setup, so it
     # is the one place where all ranks can agree without risking a hang.
     mine = getattr(item, "_mt_failures", [])
+    # One integer all-reduce a test; the texts only travel when some rank failed.
+    failed = array.array("i", [1 if mine else 0])
+    VERDICTS.Allreduce(MPI.IN_PLACE, failed, op=MPI.MAX)
+    if not failed[0]:
+        return
     verdicts = VERDICTS.allgather("\n".join(mine)[-4000:] if mine else None)
     others = [(r, text) for r, text in enumerate(verdicts)
               if text is not None and r != COMM.Get_rank()]
