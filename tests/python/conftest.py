@@ -111,15 +111,13 @@ def pytest_collection_modifyitems(config, items):
         if dropped:
             config.hook.pytest_deselected(items=dropped)
     for item in items:
-        marker = item.get_closest_marker("np")
-        if marker is not None and size not in marker.args:
-            sizes = ", ".join(str(n) for n in marker.args)
-            item.add_marker(pytest.mark.skip(
-                reason=f"the same at every rank count: runs at np {sizes}"))
-        marker = item.get_closest_marker("world")
-        if marker is not None and size not in marker.args:
-            item.add_marker(pytest.mark.skip(reason=marker.kwargs.get(
-                "reason", f"needs {' or '.join(str(n) for n in marker.args)} ranks")))
+        for name in ("np", "world"):
+            marker = item.get_closest_marker(name)
+            if marker is not None and size not in marker.args:
+                sizes = ", ".join(str(n) for n in marker.args)
+                item.add_marker(pytest.mark.skip(reason=marker.kwargs.get("reason") or (
+                    f"the same at every rank count: runs at np {sizes}" if name == "np"
+                    else f"needs np {sizes}")))
 
 
 def pytest_collection_finish(session):

@@ -9,9 +9,10 @@ The one kind of layout only four ranks have, a mesh with two dims larger than on
 ((2, 2), (2, 1, 2)), meets every call: an instance whose parameters hold such a mesh
 shape always runs, and so does every instance of a test that runs at some rank counts
 only (a ``world``, ``np`` or ``mpi(ranks=N)`` marker), whose product may run nowhere
-else. A condition on the world size is therefore a ``world`` marker, never a ``skipif``:
-a skipif's condition is a value the sweeps cannot read at another size
-(test_sweeps.py checks that none skips a sweep at two ranks). ``MT_FULL_SWEEPS=1`` runs every instance at every rank count.
+else. A condition on the world size is therefore a ``world`` marker, never a
+``skipif``: a skipif's condition is a value the sweeps cannot read at another size
+(test_sweeps.py checks that none skips a sweep at two ranks). ``MT_FULL_SWEEPS=1``
+runs every instance at every rank count.
 
 The choice depends only on the collected items and the world size, so every rank
 makes the same one.

@@ -1,10 +1,14 @@
-"""A test that hangs under tests/run_mpi_pytest.sh ends its job, naming itself.
+"""What the suite's conftest does with a test under tests/run_mpi_pytest.sh that hangs,
+or fails on some ranks only.
 
-The conftest arms a watchdog (faulthandler's thread) for each test: one that outlives
+A test that hangs ends its job, naming itself. The conftest arms a watchdog (faulthandler's thread) for each test: one that outlives
 MT_TEST_TIMEOUT, or its own ``timeout`` marker, dumps the stack of every thread of
 each rank, where the test's frame names it, and ends the job. So a hang in
 ``make test`` says which test hung, also when a rank is stuck inside an MPI call that
 holds the GIL, instead of waiting for the run's outer timeout.
+
+A test that fails on one rank fails on every rank, and rank 0, the one that reports,
+shows the failing rank's message.
 
 The job is started from the np=1 run only, with the conftest loaded as a plugin for
 a test file of its own.
@@ -42,8 +46,21 @@ def test_has_a_budget_of_its_own():
 '''
 
 
-def _run(tmp_path, test, timeout):
-    (tmp_path / "test_hangs.py").write_text(HANGS)
+FAILS = '''
+from mpi4py import MPI
+
+
+def test_fails_on_rank_1_only():
+    assert MPI.COMM_WORLD.Get_rank() != 1, "rank one disagrees"
+
+
+def test_passes_everywhere():
+    pass
+'''
+
+
+def _run(tmp_path, test, timeout, source=HANGS):
+    (tmp_path / "test_hangs.py").write_text(source)
     env = {**fresh_job_env(), "MT_TEST_TIMEOUT": str(timeout), "PYTHON": sys.executable,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
     # The run fails by design: make test's list of failed tests must not name it.
@@ -66,3 +83,11 @@ def test_a_timeout_marker_sets_the_tests_own_budget(tmp_path):
     assert code != 0, output
     assert "Timeout (0:00:02)!" in output, output
     assert "in test_has_a_budget_of_its_own" in output, output
+
+
+def test_a_failure_on_one_rank_is_reported_by_rank_0_with_its_message(tmp_path):
+    code, output = _run(tmp_path, "test_fails_on_rank_1_only", 60, FAILS)
+    assert code != 0, output
+    assert "the test failed on rank 1 of 2" in output and "rank one disagrees" in output, output
+    code, output = _run(tmp_path, "test_passes_everywhere", 60, FAILS)
+    assert code == 0 and "1 passed" in output and "failed on rank" not in output, output
