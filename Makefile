@@ -34,7 +34,7 @@ export OPENBLAS_NUM_THREADS := 1
 export PYTHONPYCACHEPREFIX := $(abspath build/pycache)
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: ecosystem plan-ranking install system-deps demo docs test test-c test-python test-plain test-pages test-examples \
+.PHONY: ecosystem plan-ranking install system-deps demo docs test test-c test-python test-python-4-rest test-plain test-pages test-examples \
   test-network test-multinode test-lint test-fuzz fuzz-seeds test-fuzz-ranks test-asan \
   test-array-api test-array-api-short array-api-suite bench bench-check calibrate \
   bench-multinode clean
@@ -92,7 +92,7 @@ demo: install
 # again; the members of a part a+b+c run side by side (the others' reports shown
 # after a's): the one-rank pass leaves a core to clang-tidy, and the fuzzer's fixed
 # minute shrinks what the plain pytest runs leave idle.
-TEST_PARTS := test-c test-python-1+test-lint test-python-2 test-python-3 test-python-4 \
+TEST_PARTS := test-c test-python-1+test-lint test-python-2 test-python-3 test-python-4-rest \
   test-plain+test-pages+test-fuzz test-examples test-multinode test-array-api-short
 test: install
 	@start=$$(date +%s); failed=; times=; export MT_FAILURES=$(abspath build/test-failures.txt); \
@@ -124,6 +124,12 @@ test-python: install
 # One pass of test-python, at the rank count the name ends with, as a part of its own.
 test-python-%: install
 	tests/run_mpi_pytest.sh $*
+
+# make test's np 4 pass: all but the transport-facing files, which test-multinode
+# runs at np 4 across simulated hosts (test-network over TCP where it cannot), so
+# that each test still runs at four ranks, once.
+test-python-4-rest: install
+	tests/run_mpi_pytest.sh 4 $(addprefix --ignore=,$(TRANSPORT_TESTS))
 
 # Plain pytest, as users run it: the mpi-marked tests (each started under mpiexec by
 # the pytest_mpitensor plugin; only the files that mark any are collected, since the
@@ -203,14 +209,13 @@ test-array-api: install array-api-suite
 # TCP and across simulated hosts.
 TRANSPORT_TESTS := $(shell grep -v '^\#' tests/transport_files.txt)
 
-# The transport-facing tests once more at np 4 with Open MPI kept off shared memory: the ob1
-# point-to-point layer over TCP on loopback, the path a multi-node job takes. The
-# comparisons with torch are left out: torch talks over gloo, whatever Open MPI uses.
+# The transport-facing tests at np 4 with Open MPI kept off shared memory: the ob1
+# point-to-point layer over TCP on loopback, the path a multi-node job takes.
 # `make test` runs it where test-multinode cannot simulate hosts, whose 2 x 2 run
-# takes that path between hosts.
+# takes that path between hosts; either is its np 4 run of these files.
 test-network: install
 	OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo \
-	  tests/run_mpi_pytest.sh 4 $(TRANSPORT_TESTS) -k "not torch"
+	  tests/run_mpi_pytest.sh 4 $(TRANSPORT_TESTS)
 
 # Across hosts, simulated on this machine (tests/multinode/run.sh: four hosts, each
 # its own network, PID, UTS, mount and IPC namespace, joined by a bridge): the
