@@ -4,7 +4,9 @@ it uses. For tests of what every rank does when one rank runs out of memory.
 malloc's free chunks are held (untouched) while capped: an allocation the cap
 refuses a fresh mapping falls back to malloc (the block pool does), and malloc
 serves it from a free chunk of its heap when one is large enough, so a chunk left
-by earlier work would let through the allocation that was meant to fail.
+by earlier work would let through the allocation that was meant to fail. The
+heap's free top is handed back first (malloc_trim): malloc would otherwise grow it
+into the headroom and serve the request from the two together.
 
 Example::
 
@@ -14,6 +16,7 @@ Example::
 
 import contextlib
 import ctypes
+import gc
 import resource
 
 
@@ -28,6 +31,7 @@ _LIBC.malloc.restype = ctypes.c_void_p
 _LIBC.malloc.argtypes = [ctypes.c_size_t]
 _LIBC.free.argtypes = [ctypes.c_void_p]
 _LIBC.mallinfo2.restype = _Mallinfo2
+_LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
 
 
 def free_in_heap() -> int:
@@ -69,6 +73,11 @@ def capped(headroom: int):
     """This process's address space capped at what it uses plus `headroom` bytes,
     malloc's free chunks held, for the while."""
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    # Garbage that earlier work left in reference cycles (a caught exception's frames
+    # holding a large array) would otherwise be freed by a collection inside the
+    # capped region, handing back room that lets through what must fail.
+    gc.collect()
+    _LIBC.malloc_trim(0)
     with heap_held():
         resource.setrlimit(resource.RLIMIT_AS, (vm_size() + headroom, hard))
         try:
