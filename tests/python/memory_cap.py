@@ -73,9 +73,8 @@ def capped(headroom: int):
     """This process's address space capped at what it uses plus `headroom` bytes,
     malloc's free chunks held, for the while."""
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    # Garbage that earlier work left in reference cycles (a caught exception's frames
-    # holding a large array) would otherwise be freed by a collection inside the
-    # capped region, handing back room that lets through what must fail.
+    # A collection inside the capped region would free memory mapped before the cap,
+    # room the cap does not count; collected first, the headroom is what it says.
     gc.collect()
     _LIBC.malloc_trim(0)
     with heap_held():
