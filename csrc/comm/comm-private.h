@@ -42,6 +42,17 @@ static inline int mt__wait_end(int rc) {
  * blocking calls (mt__waits). */
 int mt__departure_heard(uint64_t waits, int *rank, char *reason, size_t n);
 
+/* Whether another process's watchdog ended the job and it said where it is
+ * (departure.c): the lowest such rank goes to *first; how many of the *others
+ * processes have said so or left the job, to *done (*others is 0 when this
+ * process does not listen). Called by the watchdog thread. */
+int mt__stuck_heard(int *first, int *done, int *others);
+
+/* Tells every other process that this one's watchdog ends the job and that it
+ * has said where it is, so that each says where it is too. Nothing when this
+ * process does not listen. */
+void mt__stuck_tell(void);
+
 /* Called by mt_mpi_error with the sentence of each MPI failure it reports, when
  * set: departure.c sets it when this process starts listening, to tell the other
  * processes (a pointer, since departure.c reports its own failures through

@@ -9,7 +9,9 @@
  * process whose watchdog then finds it stuck in a blocking call aborts the job,
  * naming the rank that left. An interactive engine that raised in a cell tells
  * the others the same way without leaving (mt_watchdog_tell): its notice counts
- * for the engines that run the same cell (the same tag). */
+ * for the engines that run the same cell (the same tag). A process whose watchdog
+ * ends the job tells the others the same way, so that each says where it is
+ * before the job ends (watchdog.c). */
 #include <errno.h>
 #include <stdint.h>
 #include <pthread.h>
@@ -28,22 +30,28 @@
 #define PATIENCE_US 1000000L
 #define TAG 7341
 
-/* What a process tells the others: who, about which piece of work (`tag`: the
- * cell an interactive engine ran when it raised; < 0 for a process that left),
- * whether an MPI call of the library failed there (`mpi`), and why. */
+/* What a process tells the others: who, what (`kind`), about which piece of work
+ * (`tag`: the cell an interactive engine ran when it raised; < 0 for a process
+ * that left), and why. */
+enum {
+  LEFT_OR_FAILED = 0, /* it left the job, or failed in a piece of work */
+  MPI_FAILED = 1,     /* an MPI call of the library failed there */
+  STUCK = 2           /* its watchdog ended the job and it said where it is */
+};
 typedef struct notice {
-  int32_t rank, mpi;
+  int32_t rank, kind;
   int64_t tag;
   char reason[240];
 } notice;
 
 /* Process-wide, as the watchdog thread that reads it: the listening
  * communicator, its posted receive, the tag of the work this process runs now,
- * the latest notice heard from each rank (`heard[r].rank` is -1 until one comes)
- * and, for a failed MPI call's, this process's count of blocking calls when it
- * was first looked at (`heard_at[r]`, UINT64_MAX before). `lock` guards all of
- * it: the watchdog thread tests the receive, the main thread starts and stops it
- * and sets the tag. */
+ * the latest notice heard from each rank that it left or failed (`heard[r].rank`
+ * is -1 until one comes) and, for a failed MPI call's, this process's count of
+ * blocking calls when it was first looked at (`heard_at[r]`, UINT64_MAX before),
+ * and whether each rank said where it is as its watchdog ended the job
+ * (`stuck[r]`). `lock` guards all of it: the watchdog thread tests the receive,
+ * the main thread starts and stops it and sets the tag. */
 static struct {
   pthread_mutex_t lock;
   int listening, me, size;
@@ -52,9 +60,10 @@ static struct {
   notice in;
   notice *heard;
   uint64_t *heard_at;
+  char *stuck;
   int64_t now;
 } ear = {PTHREAD_MUTEX_INITIALIZER, 0, -1, 0, MPI_COMM_NULL, MPI_REQUEST_NULL,
-         {0, 0, 0, ""}, NULL, NULL, 0};
+         {0, 0, 0, ""}, NULL, NULL, NULL, 0};
 
 static void sleep_us(long us) {
   struct timespec ts = {us / 1000000, (us % 1000000) * 1000L};
@@ -112,7 +121,7 @@ static void tell_everyone(MPI_Comm comm, int me, int size, const notice *mine);
 static void tell_failure(const char *reason) {
   pthread_mutex_lock(&ear.lock);
   MPI_Comm comm = ear.listening ? ear.comm : MPI_COMM_NULL;
-  notice mine = {ear.me, 1, ear.now, ""};
+  notice mine = {ear.me, MPI_FAILED, ear.now, ""};
   int size = ear.size;
   pthread_mutex_unlock(&ear.lock);
   if (comm == MPI_COMM_NULL) return;
@@ -141,9 +150,11 @@ int mt_watchdog_listen(MPI_Comm comm, mt_error *err) {
   MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
   notice *heard = malloc((size_t)size * sizeof(notice));
   uint64_t *heard_at = malloc((size_t)size * sizeof(uint64_t));
-  if (heard == NULL || heard_at == NULL) {
+  char *stuck = calloc((size_t)size, 1);
+  if (heard == NULL || heard_at == NULL || stuck == NULL) {
     free(heard);
     free(heard_at);
+    free(stuck);
     return mt_error_set(err, MT_ENOMEM, "out of memory");
   }
   for (int r = 0; r < size; ++r) heard[r].rank = -1;
@@ -153,6 +164,7 @@ int mt_watchdog_listen(MPI_Comm comm, mt_error *err) {
   ear.size = size;
   ear.heard = heard;
   ear.heard_at = heard_at;
+  ear.stuck = stuck;
   rc = post();
   ear.listening = rc == MPI_SUCCESS;
   pthread_mutex_unlock(&ear.lock);
@@ -175,7 +187,9 @@ static void drain(void) {
   while (ear.listening && done) {
     if (MPI_Test(&ear.recv, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
     if (!done) break;
-    if (ear.in.rank >= 0 && ear.in.rank < ear.size) {
+    if (ear.in.rank >= 0 && ear.in.rank < ear.size && ear.in.kind == STUCK) {
+      ear.stuck[ear.in.rank] = 1;
+    } else if (ear.in.rank >= 0 && ear.in.rank < ear.size) {
       ear.heard[ear.in.rank] = ear.in;
       ear.heard[ear.in.rank].reason[sizeof ear.in.reason - 1] = '\0';
       ear.heard_at[ear.in.rank] = UINT64_MAX;
@@ -192,7 +206,7 @@ static void drain(void) {
 static int counts(int r, uint64_t waits) {
   const notice *h = &ear.heard[r];
   if (h->rank < 0 || (h->tag >= 0 && h->tag != ear.now)) return 0;
-  if (!h->mpi) return 1;
+  if (h->kind != MPI_FAILED) return 1;
   if (ear.heard_at[r] == UINT64_MAX) ear.heard_at[r] = waits;
   return waits <= ear.heard_at[r] + 1;
 }
@@ -211,6 +225,30 @@ int mt__departure_heard(uint64_t waits, int *rank, char *reason, size_t n) {
   }
   pthread_mutex_unlock(&ear.lock);
   return found >= 0;
+}
+
+int mt__stuck_heard(int *first, int *done, int *others) {
+  pthread_mutex_lock(&ear.lock);
+  drain();
+  *first = -1, *done = 0, *others = 0;
+  for (int r = 0; ear.listening && r < ear.size; ++r) {
+    if (r == ear.me) continue;
+    ++*others;
+    if (ear.stuck[r] && *first < 0) *first = r;
+    /* A rank that left waits in its final barrier and says nothing more. */
+    *done += ear.stuck[r] || (ear.heard[r].rank >= 0 && ear.heard[r].tag < 0);
+  }
+  pthread_mutex_unlock(&ear.lock);
+  return *first >= 0;
+}
+
+void mt__stuck_tell(void) {
+  pthread_mutex_lock(&ear.lock);
+  MPI_Comm comm = ear.listening ? ear.comm : MPI_COMM_NULL;
+  notice mine = {ear.me, STUCK, 0, ""};
+  int size = ear.size;
+  pthread_mutex_unlock(&ear.lock);
+  if (comm != MPI_COMM_NULL) tell_everyone(comm, mine.rank, size, &mine);
 }
 
 void mt_watchdog_set_work(int64_t tag) {
@@ -251,7 +289,7 @@ int mt_watchdog_tell(const char *reason, int64_t tag, mt_error *err) {
   int me = ear.me, size = ear.size;
   pthread_mutex_unlock(&ear.lock);
   if (comm == MPI_COMM_NULL) return MT_OK;
-  notice mine = {me, 0, tag < 0 ? 0 : tag, ""};
+  notice mine = {me, LEFT_OR_FAILED, tag < 0 ? 0 : tag, ""};
   snprintf(mine.reason, sizeof mine.reason, "%s", reason != NULL ? reason : "");
   tell_everyone(comm, me, size, &mine);
   return MT_OK;
@@ -276,7 +314,7 @@ int mt_watchdog_leave(const char *reason, mt_error *err) {
   }
   if (rc != MPI_SUCCESS) return mt_mpi_error(err, rc, "MPI_Ibarrier");
   if (done) return MT_OK;
-  notice mine = {me, 0, -1, ""};
+  notice mine = {me, LEFT_OR_FAILED, -1, ""};
   snprintf(mine.reason, sizeof mine.reason, "%s", reason != NULL ? reason : "");
   tell_everyone(comm, me, size, &mine);
   rc = MPI_Wait(&barrier, MPI_STATUS_IGNORE);

@@ -5,7 +5,8 @@
  * mt_watchdog_wait_begin, which does the same. The thread here samples both. A
  * process that stays in the same call, with no call entered since, for the whole
  * timeout is stuck: it says where, and the stack of each of its threads, on
- * stderr, and aborts the job. */
+ * stderr, and aborts the job. It tells the other processes first (departure.c),
+ * and each says where it is too, stuck or not, before the job ends. */
 #include "mpitensor/comm/watchdog.h"
 
 #include <errno.h>
@@ -49,10 +50,20 @@ static void pause_ms(int64_t ms) {
  * for that rank. */
 #define GRACE_MS 2000
 
-/* How long a process that found itself stuck waits, its report printed, before it
- * aborts the job: the other ranks stuck with it reach their timeout within a few
- * looks and print theirs, so that every rank says where it is. */
+/* How long a process that ends the job, its report printed, waits for every
+ * other process to say where it is: they hear it at their next look, so this
+ * bounds only a process that cannot answer (its watchdog gone with its MPI). */
+#define REPORTS_MS 10000
+/* Then how long it leaves the launcher to pass on what they printed. */
+#define FORWARD_MS 500
+/* What it waits instead when the others cannot hear it (MPI without threads):
+ * those stuck with it reach their own timeout within a few looks. */
 #define REPORT_MS 1500
+
+/* Whether this process reports because another one ended the job: it then leaves
+ * the abort to that one (many processes aborting at once garble the launcher's
+ * message), and aborts itself only if that one could not. Watchdog thread only. */
+static int answering = 0;
 
 static void end_job(void) {
   const char *(*dump)(int, void *, void *) = atomic_load(&dumper);
@@ -65,7 +76,15 @@ static void end_job(void) {
     (void)dump(2, atomic_load(&dump_arg), NULL);
   }
   fflush(stderr);
-  pause_ms(REPORT_MS);
+  mt__stuck_tell();
+  int first, done, others;
+  for (int64_t waited = 0; waited < REPORTS_MS; waited += 50) {
+    (void)mt__stuck_heard(&first, &done, &others);
+    if (done >= others) break;
+    pause_ms(50);
+  }
+  pause_ms(others > 0 ? FORWARD_MS : REPORT_MS);
+  if (answering) pause_ms(REPORTS_MS + FORWARD_MS);
   if (state.multiple) MPI_Abort(MPI_COMM_WORLD, 1);
   /* Without MPI_THREAD_MULTIPLE only this process may end here; mpiexec then
    * ends the others, as for any rank that exits without finalizing. */
@@ -107,6 +126,18 @@ static void report_and_abort(const char *what, uint64_t n, double waited) {
   end_job();
 }
 
+/* Another process ended the job (rank `first`) while this one runs, in no
+ * blocking call that the watchdog sees: it says so, and where it is. */
+static void report_elsewhere_and_abort(int first) {
+  fprintf(stderr,
+          "mpitensor: rank %d is in no collective that mpitensor watches, and rank %d "
+          "ends the job stuck in one: this rank computes, sleeps or waits outside "
+          "mpitensor (its stack below shows where). Aborting the job "
+          "(MPITENSOR_TIMEOUT=%.0f seconds).\n",
+          state.world_rank, first, (double)atomic_load(&timeout_ms) / 1000.0);
+  end_job();
+}
+
 /* A few looks per timeout, at most four per second: a sleeping thread. */
 static int64_t look_every(int64_t limit) {
   if (limit <= 0) return 1000;
@@ -127,6 +158,12 @@ static void *watch(void *unused) {
     const char *what = atomic_load_explicit(&mt__waiting_in, memory_order_relaxed);
     uint64_t n = atomic_load_explicit(&mt__waits, memory_order_relaxed);
     int gone = -1, heard = mt__departure_heard(n, &gone, why, sizeof why);
+    int first = -1, done, others;
+    if (limit > 0 && mt__stuck_heard(&first, &done, &others)) {
+      answering = 1;
+      if (what == NULL) report_elsewhere_and_abort(first);
+      report_and_abort(what, n, n == last ? (double)stuck_ms / 1000.0 : 0.0);
+    }
     if (limit <= 0 || what == NULL || n != last) {
       last = n;
       stuck_ms = 0;

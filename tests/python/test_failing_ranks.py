@@ -125,7 +125,7 @@ elif mode == "slow":  # a late rank is not a stuck one
     if rank == 1:
         time.sleep(2.0)
     y = x.redistribute(mesh, [Replicate()])
-    print("finished", rank, float(y.to_local().sum()), flush=True)
+    print("job finished on rank", rank, float(y.to_local().sum()), flush=True)
 """
 
 
@@ -147,12 +147,15 @@ def test_ranks_waiting_in_collectives_that_never_match_abort_the_job(tmp_path):
     assert re.search(r"has waited 2 s in (MPI_|the agreement's all-reduce in shared "
                      r"memory)", out), out[-3000:]
     assert "MPITENSOR_TIMEOUT=2 seconds" in out, out[-3000:]
+    # The rank the others wait for says where it is too: asleep, outside mpitensor.
+    assert "rank 0 is in no collective that mpitensor watches" in out, out[-3000:]
+    assert re.search(r'watched\.py", line 14 in <module>', out), out[-3000:]
 
 
 def test_a_late_rank_within_the_timeout_does_not_abort_the_job(tmp_path):
     code, out, seconds = run_watched(tmp_path, "slow", "6")
     assert code == 0, f"exit {code} after {seconds:.0f}s:\n{out[-3000:]}"
-    assert out.count("finished") == 3 and "has waited" not in out, out[-3000:]
+    assert out.count("job finished") == 3 and "has waited" not in out, out[-3000:]
 
 
 def test_a_bad_timeout_raises_the_same_error_on_every_rank(tmp_path):

@@ -62,7 +62,7 @@ if mode == "mpi_fails":
 y = x.redistribute(mesh, [Replicate()])
 if mode == "slow_end" and rank == 0:
     time.sleep(4)  # local work after the last collective, the others gone
-print("finished", rank, float(y.to_local().sum()), flush=True)
+print("job finished on rank", rank, float(y.to_local().sum()), flush=True)
 """
 
 
@@ -92,7 +92,7 @@ def test_a_rank_that_leaves_ends_the_job_naming_it(tmp_path, ranks, mode, runner
     assert code != 0, f"exit {code} after {seconds:.0f}s:\n{out[-3000:]}"
     assert seconds < SOON, f"{seconds:.0f}s:\n{out[-3000:]}"
     assert "and rank 1 has left the job: " + why in out, out[-3000:]
-    assert "finished" not in out, out[-3000:]
+    assert "job finished" not in out, out[-3000:]
 
 
 @pytest.mark.timeout(2 * DEADLINE)
@@ -101,13 +101,13 @@ def test_a_rank_that_leaves_ends_the_job_naming_it(tmp_path, ranks, mode, runner
 def test_ranks_that_end_normally_are_not_aborted(tmp_path, ranks, mode):
     code, out, seconds = run(tmp_path, mode, ranks)
     assert code == 0, f"exit {code} after {seconds:.0f}s:\n{out[-3000:]}"
-    assert out.count("finished") == ranks and "has left" not in out, out[-3000:]
+    assert out.count("job finished") == ranks and "has left" not in out, out[-3000:]
 
 
 @pytest.mark.timeout(2 * DEADLINE)
 def test_a_script_run_as_one_plain_process_is_unaffected(tmp_path):
     code, out, seconds = run(tmp_path, "normal", 1, mpiexec=False)
-    assert code == 0 and out.count("finished") == 1, f"exit {code}:\n{out[-3000:]}"
+    assert code == 0 and out.count("job finished") == 1, f"exit {code}:\n{out[-3000:]}"
 
 
 @pytest.mark.timeout(2 * DEADLINE)
@@ -122,4 +122,4 @@ def test_an_mpi_call_failing_on_one_rank_ends_the_job_naming_it(tmp_path, ranks)
     assert code != 0, f"exit {code} after {seconds:.0f}s:\n{out[-3000:]}"
     assert seconds < SOON, f"{seconds:.0f}s:\n{out[-3000:]}"
     assert "and rank 1 failed: MPI_" in out, out[-3000:]
-    assert "finished" not in out, out[-3000:]
+    assert "job finished" not in out, out[-3000:]
