@@ -60,12 +60,11 @@ static void pause_ms(int64_t ms) {
  * those stuck with it reach their own timeout within a few looks. */
 #define REPORT_MS 1500
 
-/* Whether this process reports because another one ended the job: it then leaves
- * the abort to that one (many processes aborting at once garble the launcher's
- * message), and aborts itself only if that one could not. Watchdog thread only. */
-static int answering = 0;
-
-static void end_job(void) {
+/* Ends the job once this process has said where it is. `answering`: it reports
+ * because another process ends the job, and leaves the abort to that one (many
+ * processes aborting at once garble the launcher's message), aborting itself only
+ * if that one could not. */
+static void end_job(int answering) {
   const char *(*dump)(int, void *, void *) = atomic_load(&dumper);
   if (dump != NULL) {
     fprintf(stderr,
@@ -97,10 +96,10 @@ static void report_departure_and_abort(const char *what, uint64_t n, double wait
           "mpitensor: rank %d has waited %.0f s in %s (MPI call %llu of this process), "
           "and rank %d %s. Its collectives will never come, so the job is aborted.\n",
           state.world_rank, waited, what, (unsigned long long)n, gone, why);
-  end_job();
+  end_job(0);
 }
 
-static void report_and_abort(const char *what, uint64_t n, double waited) {
+static void report_and_abort(const char *what, uint64_t n, double waited, int answering) {
   if (what == atomic_load_explicit(&mt__routine_in, memory_order_relaxed)) {
     fprintf(stderr,
             "mpitensor: rank %d has been in %s for %.0f s (call %llu of this "
@@ -112,7 +111,7 @@ static void report_and_abort(const char *what, uint64_t n, double waited) {
             "one lets a long factorization finish).\n",
             state.world_rank, what, waited, (unsigned long long)n,
             (double)atomic_load(&timeout_ms) / 1000.0);
-    end_job();
+    end_job(answering);
   }
   fprintf(stderr,
           "mpitensor: rank %d has waited %.0f s in %s (MPI call %llu of this process) "
@@ -123,7 +122,7 @@ static void report_and_abort(const char *what, uint64_t n, double waited) {
           "this off).\n",
           state.world_rank, waited, what, (unsigned long long)n,
           (double)atomic_load(&timeout_ms) / 1000.0);
-  end_job();
+  end_job(answering);
 }
 
 /* Another process ended the job (rank `first`) while this one runs, in no
@@ -135,7 +134,7 @@ static void report_elsewhere_and_abort(int first) {
           "mpitensor (its stack below shows where). Aborting the job "
           "(MPITENSOR_TIMEOUT=%.0f seconds).\n",
           state.world_rank, first, (double)atomic_load(&timeout_ms) / 1000.0);
-  end_job();
+  end_job(1);
 }
 
 /* A few looks per timeout, at most four per second: a sleeping thread. */
@@ -160,9 +159,8 @@ static void *watch(void *unused) {
     int gone = -1, heard = mt__departure_heard(n, &gone, why, sizeof why);
     int first = -1, done, others;
     if (limit > 0 && mt__stuck_heard(&first, &done, &others)) {
-      answering = 1;
       if (what == NULL) report_elsewhere_and_abort(first);
-      report_and_abort(what, n, n == last ? (double)stuck_ms / 1000.0 : 0.0);
+      report_and_abort(what, n, n == last ? (double)stuck_ms / 1000.0 : 0.0, 1);
     }
     if (limit <= 0 || what == NULL || n != last) {
       last = n;
@@ -173,7 +171,7 @@ static void *watch(void *unused) {
     if (heard && stuck_ms >= GRACE_MS) {
       report_departure_and_abort(what, n, (double)stuck_ms / 1000.0, gone, why);
     }
-    if (stuck_ms >= limit) report_and_abort(what, n, (double)stuck_ms / 1000.0);
+    if (stuck_ms >= limit) report_and_abort(what, n, (double)stuck_ms / 1000.0, 0);
   }
   return NULL;
 }
