@@ -250,7 +250,8 @@ enum { MT_EXT_FREE_DTENSORS = 16 };
  * mpitensor._trace reads through ctypes (the capsule `_C.HOOK_CALLS`, in this
  * order). */
 enum { MT_HOOK_LOCAL, MT_HOOK_BUILD, MT_HOOK_ENTRY, MT_HOOK_EVENT, MT_HOOK_PLACEMENTS,
-       MT_HOOK_AGREE, MT_HOOK_ERROR, MT_HOOK_DTYPE, MT_HOOK_RUNS, MT_HOOK_COUNT };
+       MT_HOOK_AGREE, MT_HOOK_ERROR, MT_HOOK_DTYPE, MT_HOOK_ERRSTATE, MT_HOOK_RUNS,
+       MT_HOOK_COUNT };
 /* The trace events, each installed as the hook of its name (ext_hooks.c). */
 enum { MT_EVENT_DECISION, MT_EVENT_MOVE, MT_EVENT_UNMOVED, MT_EVENT_COUNT };
 /* The strings the extension compares keywords with, sets slots by or names hooks
@@ -264,7 +265,7 @@ enum { MT_EVENT_DECISION, MT_EVENT_MOVE, MT_EVENT_UNMOVED, MT_EVENT_COUNT };
   X(EVENT, "decision") X(EVENT_MOVE, "move") X(EVENT_UNMOVED, "unmoved")               \
   X(DOOR, "door") X(AGREE, "agree") X(NAME, "__name__") X(PACKAGE, "mpitensor.")         \
   X(ARRAY_API, "mpitensor.array_api") X(TESTING, "mpitensor.testing")                 \
-  X(MODULE, "__module__") X(QUALNAME, "__qualname__")
+  X(MODULE, "__module__") X(QUALNAME, "__qualname__") X(ERRSTATE, "errstate")
 #define MT_EXT_STRING_INDEX(name, _) MT_S_##name,
 enum { MT_EXT_STRINGS(MT_EXT_STRING_INDEX) MT_S_COUNT };
 
@@ -296,6 +297,11 @@ struct mt_ext_dispatch {
   int64_t next_op, redistribute_op;
   PyObject *str[MT_S_COUNT], *kw_keepdims, *kw_out; /* ("keepdims",), ("out",) */
   long long hook_calls[MT_HOOK_COUNT];
+  /* NumPy's error state (watch_errstate): its context variable (NULL: not
+   * watched), and the last two states seen with whether each raises, held so
+   * that a state's address is never another's. */
+  PyObject *errstate_var, *errstate_seen[2];
+  int errstate_raises[2];
   /* The memory of freed DTensors of type `dtensor`, untracked and with every
    * field cleared, which the next ones reuse (ext_dtensor.c, ext_spec.c). */
   PyObject *free_dtensors[MT_EXT_FREE_DTENSORS];
@@ -345,6 +351,12 @@ int mt_ext_move_event(mt_ext_dispatch *d, PyObject *spec, mt_plan *plan, int sam
  * DTensors), "in_place_grad" (key: the function or its name), "out_grad",
  * "keyword_grad" (arg: the keyword of a DTensor that needs a gradient). */
 PyObject *mt_ext_error(mt_ext_dispatch *d, const char *kind, PyObject *key, PyObject *arg);
+
+/* Whether NumPy's error state of the calling context raises, or calls a
+ * function, on some floating-point error (the hook "errstate", once per state
+ * seen): then a local function's error on one rank is every rank's. 1, 0 (or
+ * not watched), or -1 with an exception. */
+int mt_ext_errstate_raises(mt_ext_dispatch *d);
 
 /* -- specs and layouts (ext_spec.c) ------------------------------------------------ */
 

@@ -32,7 +32,7 @@ static const struct {
     {&PyExc_MemoryError, MT_ENOMEM}, {&PyExc_OverflowError, MT_EOVERFLOW},
     {&PyExc_IndexError, MT_EINDEX},  {&PyExc_TypeError, MT_ETYPE},
     {&PyExc_ValueError, MT_EINVAL},  {&PyExc_NotImplementedError, MT_ENOTSUP},
-    {&PyExc_OSError, MT_EIO},
+    {&PyExc_OSError, MT_EIO},        {&PyExc_FloatingPointError, MT_EFLOAT},
 };
 enum { STATUS_TABLE_LEN = sizeof status_table / sizeof status_table[0] };
 

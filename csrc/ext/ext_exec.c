@@ -16,6 +16,8 @@
 
 #include <string.h>
 
+#include "mpitensor/comm/agree.h"
+
 /* np.asarray of a NumPy call's result (a scalar from 0-d inputs), stealing it. */
 static PyObject *as_array(PyObject *res) {
   if (res == NULL || PyArray_CheckExact(res)) return res;
@@ -195,6 +197,39 @@ static PyObject *out_box(const mt_ext_call *c, const mt_decision *dec) {
   return rc == MT_OK ? mt_ext_int_tuple(box.shape, box.ndim) : mt_ext_raise(rc, &err);
 }
 
+/* The local function's result `res` (NULL: its exception), raised on every member
+ * when it failed on one, where NumPy's error state raises on floating-point
+ * errors: NumPy raises for the whole array, and the elements that divide by zero
+ * or overflow lie on some ranks only. Elsewhere each rank keeps its own warning,
+ * without a collective. */
+static PyObject *agreed_local(mt_ext_dispatch *d, const mt_ext_call *c, PyObject *res) {
+  /* The local function's exception waits while the error state is asked. */
+  PyObject *type = NULL, *value = NULL, *tb = NULL;
+  if (res == NULL) PyErr_Fetch(&type, &value, &tb);
+  int raises = mt_ext_errstate_raises(d);
+  if (raises == 0) {
+    if (type != NULL) PyErr_Restore(type, value, tb);
+    return res;
+  }
+  mt_error err = {0};
+  int status = MT_OK, rc;
+  if (raises < 0 || type != NULL) {
+    /* The hook's own failure counts as the call's: every rank still agrees. */
+    Py_CLEAR(res);
+    if (type != NULL) {
+      if (raises < 0) PyErr_Clear();
+      PyErr_Restore(type, value, tb);
+    }
+    status = mt_ext_fetch_status(&err);
+  }
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_agree(c->mb->mesh, status, 0, &err);
+  Py_END_ALLOW_THREADS
+  if (rc == MT_OK) return res;
+  Py_XDECREF(res);
+  return mt_ext_raise(rc, &err);
+}
+
 /* The local function on rs->args, with the op's extra arguments (and box). */
 static PyObject *call_local(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call *c,
                             const mt_decision *dec, run_state *rs) {
@@ -212,7 +247,7 @@ static PyObject *call_local(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ex
                               op->kwnames);
   mt_ext_pool_leave(allocator);
   Py_XDECREF(box);
-  return res;
+  return c->mb->member && mt_ext_mesh_size(c->mb) > 1 ? agreed_local(d, c, res) : res;
 }
 
 /* Each result of the local function wrapped (a tuple for several). */

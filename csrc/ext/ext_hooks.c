@@ -27,7 +27,9 @@
  *               user writes it and raises;
  *   DTYPE       NumPy's dtype of an operation's result, which decides the Partials
  *               it keeps exactly, on a memo miss only: ufunc.resolve_dtypes, or
- *               the reduction of a one-element stand-in.
+ *               the reduction of a one-element stand-in;
+ *   ERRSTATE    whether NumPy's error state raises on floating-point errors
+ *               (mpitensor._registry.errstate_raises), once per state seen.
  *
  * Each call is counted by kind (mpitensor._trace.hook_stats()), so tests can show
  * what a path costs: a cached `a + b` makes one LOCAL call and nothing else. */
@@ -82,6 +84,51 @@ PyObject *mt_ext_error(mt_ext_dispatch *d, const char *kind, PyObject *key, PyOb
   return NULL;
 }
 
+int mt_ext_errstate_raises(mt_ext_dispatch *d) {
+  if (d->errstate_var == NULL) return 0;
+  PyObject *state = NULL;
+  if (PyContextVar_Get(d->errstate_var, NULL, &state) < 0) return -1;
+  if (state == NULL) return 0;
+  for (int i = 0; i < 2; ++i) {
+    if (state == d->errstate_seen[i]) {
+      Py_DECREF(state);
+      return d->errstate_raises[i];
+    }
+  }
+  PyObject *fn = PyDict_GetItemWithError(d->hooks, d->str[MT_S_ERRSTATE]);
+  if (fn == NULL) {
+    Py_DECREF(state);
+    return PyErr_Occurred() ? -1 : 0;
+  }
+  Py_INCREF(fn);
+  PyObject *r = mt_ext_hook(d, MT_HOOK_ERRSTATE, fn, NULL, 0, NULL);
+  Py_DECREF(fn);
+  int raises = r != NULL ? PyObject_IsTrue(r) : -1;
+  Py_XDECREF(r);
+  if (raises < 0) {
+    Py_DECREF(state);
+    return -1;
+  }
+  /* The first state seen is the program's usual one: it keeps its slot, and the
+   * states of errstate blocks take turns in the other. */
+  int slot = d->errstate_seen[0] == NULL ? 0 : 1;
+  Py_XSETREF(d->errstate_seen[slot], state);
+  d->errstate_raises[slot] = raises;
+  return raises;
+}
+
+/* watch_errstate(var, fn): see the method table. */
+static PyObject *watch_errstate(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  if (nargs != 2 || !PyContextVar_CheckExact(args[0]) || !PyCallable_Check(args[1]))
+    return PyErr_Format(PyExc_TypeError, "watch_errstate(var: ContextVar, fn)");
+  if (PyDict_SetItem(d->hooks, d->str[MT_S_ERRSTATE], args[1]) < 0) return NULL;
+  Py_XSETREF(d->errstate_var, Py_NewRef(args[0]));
+  Py_CLEAR(d->errstate_seen[0]);
+  Py_CLEAR(d->errstate_seen[1]);
+  Py_RETURN_NONE;
+}
+
 /* set_hook(name, fn): installs a Python hook (an event's: "decision", "move",
  * "unmoved"; "placements", "door", "agree", "error"); None removes. */
 static PyObject *set_hook(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -109,5 +156,12 @@ PyMethodDef mt_ext_hooks_methods[] = {
      "removes it. "
      "Local.\n\n"
      "Example: _C.set_hook('decision', mpitensor._trace.decision)"},
+    {"watch_errstate", (PyCFunction)(void (*)(void))watch_errstate, METH_FASTCALL,
+     "watch_errstate(var, fn): NumPy's error state is the context variable `var`; "
+     "fn() says whether the current one raises (or calls a function) on a "
+     "floating-point error, asked once per state the executor sees: where it does, "
+     "an error of an operation's local function on one rank is raised on every "
+     "rank. Local.\n\n"
+     "Example: _C.watch_errstate(np._core.umath._extobj_contextvar, errstate_raises)"},
     {NULL, NULL, 0, NULL},
 };

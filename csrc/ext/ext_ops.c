@@ -261,7 +261,8 @@ int mt_ext_ops_exec(PyObject *module) {
 #define MT_EXT_OPS_OBJECTS(X, d)                                                       \
   X(d->dtensor); X(d->spec); X(d->node_type); X(d->request_type); X(d->move_grad);   \
   X(d->view_grad); X(d->hooks); X(d->ufunc_type); X(d->replicate); X(d->op_ids);      \
-  X(d->strided); X(d->kw_keepdims); X(d->kw_out);                                   \
+  X(d->strided); X(d->kw_keepdims); X(d->kw_out); X(d->errstate_var);              \
+  X(d->errstate_seen[0]); X(d->errstate_seen[1]);                                   \
   for (int i_ = 0; i_ < MT_S_COUNT; ++i_) X(d->str[i_]);                               \
   for (int i_ = 0; i_ < MT_MAX_NDIM; ++i_) X(d->shard[i_]);                            \
   for (int i_ = 0; i_ < MT_REDUCE_COUNT; ++i_) X(d->partial[i_]);                      \

@@ -642,6 +642,22 @@ def executor_error(kind: str, key, arg) -> None:
     raise RuntimeError(f"the executor refused {op_label(key)} ({kind})")
 
 
+def errstate_raises() -> bool:
+    """Whether NumPy's error state here raises (or calls a function) on some
+    floating-point error: the executor then raises an error of one rank's local
+    compute on every rank, as NumPy raises for the whole array. Local.
+
+    Example: ``with np.errstate(divide="raise"): assert errstate_raises()``.
+    """
+    return any(v in ("raise", "call") for v in np.geterr().values())
+
+
 _C.set_hook("error", executor_error)
 _C.set_hook("door", door_from_c)
 _C.set_hook("agree", agree_method)
+# NumPy 2 keeps its error state in a context variable; without it (another NumPy)
+# each rank raises its own errors, as before.
+_errstate_var = getattr(getattr(getattr(np, "_core", None), "umath", None),
+                        "_extobj_contextvar", None)
+if _errstate_var is not None:
+    _C.watch_errstate(_errstate_var, errstate_raises)

@@ -8,6 +8,7 @@ test_bad_input.py's RANK_DEPENDENT table. Runs at 1..4 ranks; the disagreements
 need at least two."""
 
 import contextlib
+import warnings
 
 import numpy as np
 import pytest
@@ -186,3 +187,71 @@ def test_a_distribute_allocation_failing_on_one_rank_raises_memory_error_everywh
     assert got == ("MemoryError", "distribute_tensor: a rank of the mesh could not "
                    f"allocate its shard of {-(-2**25 // N) * 8} bytes"), got
     still_in_step()
+
+
+# -- floating-point errors under np.errstate ----------------------------------------------
+
+def _one_rank_holds(value, mesh):
+    """A Shard(0) tensor of ones, two a rank, whose last two elements (the last
+    rank's shard) are ``value``; and its NumPy array."""
+    full = np.ones(2 * N)
+    full[-2:] = value
+    return mt.distribute_tensor(full, mesh, [Shard(0)]), full
+
+
+FP_ERRORS = [
+    pytest.param(0.0, {"divide": "raise"}, lambda x: 1.0 / x, id="operator"),
+    pytest.param(0.0, {"divide": "raise"}, np.log, id="ufunc"),
+    pytest.param(-1.0, {"invalid": "raise"}, np.sqrt, id="invalid"),
+    pytest.param(1e308, {"over": "raise"}, lambda x: x.sum(), id="reduction_method"),
+    pytest.param(1e308, {"over": "raise"}, lambda x: x * 10.0, id="overflow"),
+]
+
+
+@many
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("value, state, op", FP_ERRORS)
+def test_a_floating_point_error_on_one_rank_raises_everywhere(mesh, value, state, op):
+    """Under np.errstate(...="raise") NumPy raises for the whole array. The
+    offending elements lie on the last rank alone: every rank raises NumPy's
+    FloatingPointError, with its message, and the job goes on."""
+    x, full = _one_rank_holds(value, mesh)
+    with np.errstate(**state):
+        got = same_everywhere(outcome(lambda: op(x)))
+        want = outcome(lambda: op(full))
+    assert want is not None and want[0] == "FloatingPointError", want
+    assert got == want, (got, want)
+    still_in_step()
+
+
+@many
+@pytest.mark.timeout(60)
+def test_an_errstate_callback_that_raises_on_one_rank_raises_everywhere(mesh):
+    """np.seterrcall's function runs where the error is, on one rank: what it
+    raises is raised on every rank."""
+    x, _ = _one_rank_holds(0.0, mesh)
+
+    def seen(kind, flag):
+        raise ValueError(f"{kind} seen")
+
+    old = np.seterrcall(seen)
+    try:
+        with np.errstate(divide="call"):
+            got = same_everywhere(outcome(lambda: 1.0 / x))
+    finally:
+        np.seterrcall(old)
+    assert got == ("ValueError", "divide by zero seen"), got
+    still_in_step()
+
+
+def test_the_default_error_state_gives_numpys_values_and_warnings(mesh):
+    """Without "raise", the rank that holds the zeros warns, as NumPy does, the
+    others stay quiet, and the values are NumPy's: nothing is agreed or raised."""
+    x, full = _one_rank_holds(0.0, mesh)
+    with np.errstate(divide="warn"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = (1.0 / x).full_tensor()
+    warned = [w for w in caught if "divide by zero" in str(w.message)]
+    assert len(warned) == (1 if LAST else 0), [str(w.message) for w in caught]
+    with np.errstate(divide="ignore"):
+        assert np.array_equal(out, 1.0 / full)

@@ -17,7 +17,8 @@ extern "C" {
   X(ESTATE, -6, "invalid state")                          \
   X(EOVERFLOW, -7, "size overflow")                       \
   X(ENOTSUP, -8, "not supported")                        \
-  X(EIO, -9, "I/O error")
+  X(EIO, -9, "I/O error")                                 \
+  X(EFLOAT, -10, "floating-point error")
 
 typedef enum mt_status {
   MT_OK = 0,
