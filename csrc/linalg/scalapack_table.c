@@ -148,16 +148,24 @@ static int mpi_global(mt_error *err) {
  * ScaLAPACK of one library (Debian's) keeps its BLAS and LAPACK symbols (dgemm_,
  * ...) out of the global namespace, where they could stand in for those of a
  * library loaded later; MKL's BLAS and LAPACK (libmkl_intel_lp64) are there then,
- * for good. */
+ * for good.
+ *
+ * The other way round, a Fortran BLAS already global (MKL's, which libmkl_rt makes
+ * global when the nn kernels load it) would stand in for Debian's ScaLAPACK's own:
+ * Intel's interface returns a complex cdotc_ or zdotc_ where gfortran's code does
+ * not look, and pXpotrf of complex matrices crashes. Such a ScaLAPACK is then
+ * opened RTLD_DEEPBIND, its own libraries first. Only then: the sanitizers refuse
+ * RTLD_DEEPBIND. */
 static int open_all(const char *const *paths, int count, struct mt_scalapack *sl,
                     mt_error *err) {
   if (count > 1) {
     int rc = mpi_global(err);
     if (rc != MT_OK) return rc;
   }
+  int own = count == 1 && dlsym(RTLD_DEFAULT, "zdotc_") != NULL ? RTLD_DEEPBIND : 0;
   for (int i = 0; i < count; ++i) {
     int last = i == count - 1;
-    void *h = dlopen(paths[i], last ? RTLD_NOW | RTLD_LOCAL
+    void *h = dlopen(paths[i], last ? RTLD_NOW | RTLD_LOCAL | own
                                     : RTLD_LAZY | RTLD_GLOBAL | RTLD_NODELETE);
     if (h == NULL) {
       const char *why = dlerror();

@@ -377,6 +377,46 @@ def test_a_job_stuck_in_scalapack_ends_with_each_ranks_routine_and_stack():
     assert len(re.findall(r'stuck\.py", line 10 in <module>', out)) == 3, out[-3000:]
 
 
+_AFTER_MKL = """
+import numpy as np
+from mpi4py import MPI
+import mpitensor as mt
+from mpitensor import Shard
+from mpitensor.nn import _blas
+assert _blas.provider() == "mkl", _blas.provider()
+mesh = mt.init_device_mesh("cpu", (MPI.COMM_WORLD.Get_size(),))
+rng = np.random.default_rng(0)
+for dtype in (np.complex64, np.complex128):
+    n = 6
+    a = rng.standard_normal((n, n)) + 1j * rng.standard_normal((n, n))
+    a = (a @ a.conj().T + n * np.eye(n)).astype(dtype)
+    got = np.linalg.cholesky(mt.distribute_tensor(a, mesh, [Shard(0)])).full_tensor()
+    tol = 1e-4 if dtype == np.complex64 else 1e-10
+    ok = np.allclose(got, np.linalg.cholesky(a), atol=tol)
+    print(f"{np.dtype(dtype).name} {ok}", flush=True)
+"""
+
+
+@pytest.mark.np(1)
+@pytest.mark.skipif(not __import__("mpitensor")._clib.mkl_library("libmkl_rt.so"),
+                    reason="the mkl package is not installed")
+def test_complex_factorizations_after_the_kernels_loaded_mkl():
+    """MKL loaded first (the nn kernels' BLAS, the default on Intel CPUs) puts its
+    Fortran BLAS in the global namespace, with Intel's convention for functions
+    that return a complex; Debian's ScaLAPACK, built with gfortran, must still call
+    its own: a complex Cholesky crashed on every Intel machine."""
+    with tempfile.TemporaryDirectory() as where:
+        script = os.path.join(where, "after_mkl.py")
+        with open(script, "w") as f:
+            f.write(_AFTER_MKL)
+        env = {**fresh_job_env(), "MPITENSOR_BLAS": "mkl"}
+        run = finish_job(start_job(["mpiexec", "--oversubscribe", "-n", "2",
+                                    sys.executable, script], env=env), 60)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-3000:]
+    assert out.count("complex64 True") == 2 and out.count("complex128 True") == 2, out[-3000:]
+
+
 @pytest.mark.np(1)
 @pytest.mark.skipif(not _monitoring(), reason="Open MPI without the pml monitoring")
 def test_solve_512_sends_less_than_the_matrix():
