@@ -244,6 +244,29 @@ def test_an_errstate_callback_that_raises_on_one_rank_raises_everywhere(mesh):
     still_in_step()
 
 
+@many
+@pytest.mark.timeout(60)
+def test_error_states_that_differ_by_rank_raise_everywhere(mesh):
+    """Rank 0 alone raises on floating-point errors, so it alone agrees on its
+    result; the others go on to the program's next call, whose agreement meets
+    rank 0's: every rank raises the same ValueError naming the error states, and
+    the job goes on."""
+    x, _ = _one_rank_holds(0.0, mesh)
+
+    def program():
+        if RANK == 0:
+            with np.errstate(divide="raise"):
+                y = 1.0 / x
+        else:
+            with np.errstate(divide="ignore"):
+                y = 1.0 / x
+        return np.sum(y)
+
+    got = same_everywhere(outcome(program))
+    assert got[0] == "ValueError" and "different NumPy error states" in got[1], got
+    still_in_step()
+
+
 def test_the_default_error_state_gives_numpys_values_and_warnings(mesh):
     """Without "raise", the rank that holds the zeros warns, as NumPy does, the
     others stay quiet, and the values are NumPy's: nothing is agreed or raised."""
