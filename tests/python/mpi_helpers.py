@@ -17,6 +17,8 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
@@ -144,6 +146,22 @@ def run_job(cmd, timeout: float) -> subprocess.CompletedProcess:
     Example: ``run_job(["mpiexec", "-n", "8", sys.executable, "job.py"], 100)``.
     """
     return finish_job(start_job(cmd), timeout)
+
+
+def run_script(source: str, ranks: int, timeout: float, **env) -> subprocess.CompletedProcess:
+    """Runs the program ``source``, written to ``job.py`` in a temporary directory,
+    as a job of ``ranks`` ranks (more than cores allowed) in ``fresh_job_env`` with
+    ``env``'s variables added, to its end: ``finish_job``'s terms.
+
+    Example: ``run_script("print(1)", 2, 30, MPITENSOR_TIMEOUT="3").stdout``.
+    """
+    with tempfile.TemporaryDirectory() as where:
+        script = os.path.join(where, "job.py")
+        with open(script, "w") as f:
+            f.write(source)
+        return finish_job(start_job(["mpiexec", "--oversubscribe", "-n", str(ranks),
+                                     sys.executable, script],
+                                    env={**fresh_job_env(), **env}), timeout)
 
 
 @pytest.fixture(scope="module", name="mesh")

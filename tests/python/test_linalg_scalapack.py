@@ -33,7 +33,7 @@ from mpitensor.debug import CommDebugMode
 from mpitensor.device_mesh import init_device_mesh
 
 sys.path.insert(0, os.path.dirname(__file__))
-from mpi_helpers import finish_job, fresh_job_env, run_job, start_job  # noqa: E402
+from mpi_helpers import run_job, run_script  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 P = COMM.size
@@ -362,19 +362,13 @@ print("svd came back", flush=True)
 
 @pytest.mark.np(1)
 def test_a_job_stuck_in_scalapack_ends_with_each_ranks_routine_and_stack():
-    with tempfile.TemporaryDirectory() as where:
-        script = os.path.join(where, "stuck.py")
-        with open(script, "w") as f:
-            f.write(_STUCK)
-        env = {**fresh_job_env(), "MPITENSOR_TIMEOUT": "3"}
-        run = finish_job(start_job(["mpiexec", "--oversubscribe", "-n", "3",
-                                    sys.executable, script], env=env), 50)
+    run = run_script(_STUCK, 3, 50, MPITENSOR_TIMEOUT="3")
     out = run.stdout + run.stderr
     assert run.returncode != 0 and "svd came back" not in out, out[-3000:]
     assert out.count("in ScaLAPACK's pdgesvd for") == 3, out[-3000:]
     assert out.count("MPITENSOR_TIMEOUT=3 seconds") == 3, out[-3000:]
     # Each rank's Python stack, down to the program's line.
-    assert len(re.findall(r'stuck\.py", line 10 in <module>', out)) == 3, out[-3000:]
+    assert len(re.findall(r'job\.py", line 10 in <module>', out)) == 3, out[-3000:]
 
 
 _AFTER_MKL = """
@@ -405,13 +399,7 @@ def test_complex_factorizations_after_the_kernels_loaded_mkl():
     Fortran BLAS in the global namespace, with Intel's convention for functions
     that return a complex; Debian's ScaLAPACK, built with gfortran, must still call
     its own: a complex Cholesky crashed on every Intel machine."""
-    with tempfile.TemporaryDirectory() as where:
-        script = os.path.join(where, "after_mkl.py")
-        with open(script, "w") as f:
-            f.write(_AFTER_MKL)
-        env = {**fresh_job_env(), "MPITENSOR_BLAS": "mkl"}
-        run = finish_job(start_job(["mpiexec", "--oversubscribe", "-n", "2",
-                                    sys.executable, script], env=env), 60)
+    run = run_script(_AFTER_MKL, 2, 60, MPITENSOR_BLAS="mkl")
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-3000:]
     assert out.count("complex64 True") == 2 and out.count("complex128 True") == 2, out[-3000:]
