@@ -42,3 +42,28 @@ int mt_agree_move(mt_mesh *mesh, int status, const mt_layout *from,
   if (rc != MT_OK && err != NULL) *err = e;
   return rc;
 }
+
+/* Apart from every other agreement's fingerprint: a member whose error state does
+ * not raise skips this agreement and makes its next one, which must see a
+ * difference. */
+#define FLOAT_ERRORS_FINGERPRINT 0x6572727374617465ull /* "errstate" */
+
+int mt_agree_float_errors(mt_mesh *mesh, int status, mt_error *err) {
+  int64_t all_ok = status == MT_OK; /* its minimum: whether every member succeeded */
+  mt_error mismatch = {0};
+  snprintf(mismatch.msg, sizeof mismatch.msg,
+           "the ranks of the mesh are in different NumPy error states (np.errstate, "
+           "np.seterr): where floating-point errors raise on one rank, they must on "
+           "every rank");
+  int rc = mt_agree_with(mesh, MT_OK, FLOAT_ERRORS_FINGERPRINT, &all_ok, 1, &mismatch);
+  if (rc == MT_EINVAL) {
+    /* The fingerprints differ: agree on the first member's words a second time,
+     * as the call agreement that met this one does. */
+    rc = mt_agree(mesh, MT_EINVAL, 0, &mismatch);
+  }
+  if (rc != MT_OK) {
+    if (err != NULL) *err = mismatch;
+    return rc;
+  }
+  return all_ok ? MT_OK : mt_agree(mesh, status, 0, err);
+}

@@ -14,7 +14,6 @@
 #include "ext.h"
 #include "ext_trace.h"
 
-#include <stdio.h>
 #include <string.h>
 
 #include "mpitensor/comm/agree.h"
@@ -198,22 +197,12 @@ static PyObject *out_box(const mt_ext_call *c, const mt_decision *dec) {
   return rc == MT_OK ? mt_ext_int_tuple(box.shape, box.ndim) : mt_ext_raise(rc, &err);
 }
 
-/* The fingerprint of agreed_local's agreement: any other agreement it meets (a
- * rank whose NumPy error state does not raise skipped this one and makes the next)
- * differs from it. */
-#define ERRSTATE_FINGERPRINT 0x6572727374617465ull /* "errstate" */
-
 /* The local function's result `res` (NULL: its exception), raised on every member
  * when it failed on one, where NumPy's error state raises on floating-point
  * errors: NumPy raises for the whole array, and the elements that divide by zero
  * or overflow lie on some ranks only. Elsewhere each rank keeps its own warning,
- * without a collective.
- *
- * The agreement has the call agreement's form (a fingerprint and one value, here
- * the first failing rank), so that a member whose error state differs, and which
- * therefore makes the program's next call agreement instead, meets one of its own
- * size: both see different fingerprints and, as a refused call does, agree a
- * second time on the first member's words. */
+ * without a collective. Ranks whose error states differ get mt_agree_float_errors's
+ * ValueError. */
 static PyObject *agreed_local(mt_ext_dispatch *d, const mt_ext_call *c, PyObject *res) {
   /* The local function's exception waits while the error state is asked. */
   PyObject *type = NULL, *value = NULL, *tb = NULL;
@@ -234,20 +223,8 @@ static PyObject *agreed_local(mt_ext_dispatch *d, const mt_ext_call *c, PyObject
     }
     status = mt_ext_fetch_status(&err);
   }
-  int64_t all_ok = status == MT_OK; /* its minimum: whether every member succeeded */
-  mt_error mismatch = {0};
-  snprintf(mismatch.msg, sizeof mismatch.msg,
-           "the ranks of the mesh are in different NumPy error states (np.errstate, "
-           "np.seterr): where floating-point errors raise on one rank, they must on "
-           "every rank");
   Py_BEGIN_ALLOW_THREADS
-  rc = mt_agree_with(c->mb->mesh, MT_OK, ERRSTATE_FINGERPRINT, &all_ok, 1, &mismatch);
-  if (rc == MT_EINVAL) {
-    rc = mt_agree(c->mb->mesh, MT_EINVAL, 0, &mismatch);
-    err = mismatch;
-  } else if (rc == MT_OK && !all_ok) {
-    rc = mt_agree(c->mb->mesh, status, 0, &err);
-  }
+  rc = mt_agree_float_errors(c->mb->mesh, status, &err);
   Py_END_ALLOW_THREADS
   if (rc == MT_OK) return res;
   Py_XDECREF(res);

@@ -30,7 +30,8 @@ from ._bind.comm import (CommTotals as _Totals, MeshNodes as _Nodes, mpi_comm_bi
                          mt_mesh_bcast, mt_mesh_exscan, mt_mesh_alltoall_i64,
                          mt_mesh_alltoallv, mt_mesh_allgather_i64, mt_mesh_direct_read,
                          mt_mesh_nodes_of, mt_mesh_time_model, mt_mesh_set_time_model,
-                         mt_agree, mt_comm_counters_read, mt_comm_live_count,
+                         mt_agree, mt_agree_float_errors, mt_comm_counters_read,
+                         mt_comm_live_count,
                          mt_mpi_library_version, mt_direct_fail_next, mt_mesh_slice,
                          mt_mesh_destroy, mt_mesh_check, mt_mesh_set_counters,
                          mt_watchdog_set_timeout, mt_watchdog_timeout, mt_watchdog_listen_mesh,
@@ -366,6 +367,24 @@ def agree(mesh, ok, fingerprint: int, message: str, error: type = ValueError) ->
     err = Error()
     err.msg = _message(message)
     check(mt_agree(m, 0 if ok else status_of(error), fp, err), err)
+
+
+def agree_float_errors(mesh, error: BaseException | None) -> None:
+    """Raises on every member the first failing member's ``error`` (this rank's
+    floating-point error of a computation, or what the program's error callback
+    raised; None: none), mapped as :func:`agree` maps it, with FloatingPointError
+    kept; or ValueError when the members' NumPy error states differ (a member
+    whose state does not raise makes its next agreement instead of this one). The
+    agreement the executor makes on an operation's result where NumPy's error state
+    raises. Collective on the mesh.
+
+    Example: ``agree_float_errors(mesh, None if ok else FloatingPointError("overflow"))``.
+    """
+    m = checked(mesh)
+    err = Error()
+    if error is not None:
+        err.msg = _message(str(error))
+    check(mt_agree_float_errors(m, 0 if error is None else status_of(type(error)), err), err)
 
 
 def dispatch_stats(tables) -> dict[str, int]:

@@ -95,6 +95,19 @@ MT_EXPORT int mt_agree_with(mt_mesh *mesh, int status, uint64_t fingerprint,
 MT_EXPORT int mt_agree_move(mt_mesh *mesh, int status, const mt_layout *from,
                             const mt_placement *to, int dtype, int async, mt_error *err);
 
+/* Collective on the mesh. The agreement on an operation's floating-point errors
+ * where NumPy's error state raises (`status`: this rank's, MT_EFLOAT or another
+ * failure of the local computation, with its message in err->msg): MT_OK when every
+ * member succeeded, else the first failing member's status and message on every
+ * member. It has the call agreement's form (a fingerprint and one value), so that
+ * a member whose error state does not raise, which makes its next agreement
+ * instead, meets one of its own size: every member then returns MT_EINVAL saying
+ * that the error states differ. A rank outside the mesh returns `status`.
+ *
+ *   rc = mt_agree_float_errors(mesh, local_ok ? MT_OK : MT_EFLOAT, &err);
+ */
+MT_EXPORT int mt_agree_float_errors(mt_mesh *mesh, int status, mt_error *err);
+
 #ifdef __cplusplus
 }
 #endif
