@@ -129,6 +129,12 @@ static PyObject *watch_errstate(PyObject *module, PyObject *const *args, Py_ssiz
   Py_RETURN_NONE;
 }
 
+/* errstate_raises(): see the method table. */
+static PyObject *errstate_raises(PyObject *module, PyObject *Py_UNUSED(unused)) {
+  int raises = mt_ext_errstate_raises(mt_ext_dispatch_module(module));
+  return raises < 0 ? NULL : PyBool_FromLong(raises);
+}
+
 /* set_hook(name, fn): installs a Python hook (an event's: "decision", "move",
  * "unmoved"; "placements", "door", "agree", "error"); None removes. */
 static PyObject *set_hook(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -163,5 +169,10 @@ PyMethodDef mt_ext_hooks_methods[] = {
      "an error of an operation's local function on one rank is raised on every "
      "rank. Local.\n\n"
      "Example: _C.watch_errstate(np._core.umath._extobj_contextvar, errstate_raises)"},
+    {"errstate_raises", errstate_raises, METH_NOARGS,
+     "errstate_raises() -> bool: whether NumPy's error state here raises (or calls a "
+     "function) on some floating-point error, as watch_errstate's fn says, asked once "
+     "per state seen. Local.\n\n"
+     "Example: with np.errstate(over='raise'): assert _C.errstate_raises()"},
     {NULL, NULL, 0, NULL},
 };

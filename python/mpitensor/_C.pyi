@@ -109,6 +109,8 @@ def set_hook(name: str, fn: Any) -> None:
     """Hooks: the events 'decision', 'move', 'unmoved'; 'placements', 'door', 'error'."""
 def watch_errstate(var: Any, fn: Any) -> None:
     """NumPy's error state is the ContextVar ``var``; ``fn()`` says whether it raises."""
+def errstate_raises() -> bool:
+    """Whether NumPy's error state here raises (or calls a function), as ``fn`` says."""
 # A capsule ("mpitensor._C.hook_calls") of the counts of calls from C into Python
 # by hook kind, then of the operations the executor ran (mpitensor._trace.hook_stats
 # reads them).

@@ -36,7 +36,7 @@ import sys
 
 import numpy as np
 
-from . import _C, _call_agreement, _dtypes, _modes, _strided, _trace
+from . import _C, _call_agreement, _comm, _dtypes, _modes, _strided, _trace
 from .placement_types import _StridedShard
 
 __all__ = ["implements", "lookup", "call", "door", "door_from_c", "agree_method",
@@ -113,17 +113,85 @@ def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
         call_flags = flags >> _call_agreement.CALL_FLAGS
     viewing = (func, flags) if flags & _call_agreement.PROGRAM else None
     try:
-        if flags & _call_agreement.PLAIN:
-            _modes.push_implicit_replication()
-            try:
-                return _traced(func, args, kwargs, name, False)
-            finally:
-                _modes.pop_implicit_replication()
-        if _modes.recorders:
-            return _traced(func, args, kwargs, name, False)
-        return _entry(func, args, kwargs, name, False, call_flags)
+        if flags & _call_agreement.PROGRAM and _C.errstate_raises():
+            return _errors_agreed(func, args, kwargs, name, lambda: _door_run(
+                func, args, kwargs, name, flags, call_flags))
+        return _door_run(func, args, kwargs, name, flags, call_flags)
     finally:
         viewing = outer
+
+
+def _door_run(func, args: tuple, kwargs: dict, name, flags: int, call_flags: int):
+    """The door's steps after the agreement."""
+    if flags & _call_agreement.PLAIN:
+        _modes.push_implicit_replication()
+        try:
+            return _traced(func, args, kwargs, name, False)
+        finally:
+            _modes.pop_implicit_replication()
+    if _modes.recorders:
+        return _traced(func, args, kwargs, name, False)
+    return _entry(func, args, kwargs, name, False, call_flags)
+
+
+# The words NumPy gives an error-state callback (np.seterrcall) for each category
+# of np.errstate.
+_CATEGORIES = {"divide by zero": "divide", "overflow": "over", "underflow": "under",
+               "invalid value": "invalid"}
+
+
+def _errors_agreed(func, args: tuple, kwargs: dict, name, run):
+    """``run()``, a call written in Python, where NumPy's error state raises (or
+    calls a function) on some floating-point error: NumPy raises for the whole
+    array, but the offending elements lie on some ranks only, and a rank that
+    raised in the middle would leave the others in the call's next collective. So
+    each such error is recorded (the program's own callback called for "call")
+    and the call goes on; once it returns, the ranks agree, and every rank raises
+    the first failing rank's FloatingPointError (or what the callback raised).
+    Collective on the mesh of the first DTensor argument when it has more than one
+    rank.
+    """
+    mesh = _mesh_of(args) or _mesh_of(tuple(kwargs.values()))
+    if mesh is None or mesh.size() == 1:
+        return run()
+    state = np.geterr()
+    callback = np.geterrcall()
+    failed = []
+
+    def record(kind, flag):
+        mode = state.get(_CATEGORIES.get(kind), "raise")
+        where = f"{kind} encountered in {_label(func, args, name)}"
+        if mode == "log":
+            # The program's log object is replaced by this function meanwhile.
+            if hasattr(callback, "write"):
+                callback.write(f"Warning: {where}\n")
+        elif failed:
+            return
+        elif mode == "call":
+            try:
+                callback(kind, flag)
+            except Exception as e:  # noqa: BLE001 - raised on every rank once agreed
+                failed.append(e)
+        else:
+            failed.append(FloatingPointError(where))
+
+    with np.errstate(call=record, **{k: "call" if v in ("raise", "call", "log") else v
+                                     for k, v in state.items()}):
+        result = run()
+    _comm.agree_float_errors(mesh, failed[0] if failed else None)
+    return result
+
+
+def _mesh_of(values: tuple):
+    """The mesh of the first DTensor among ``values`` and their lists and tuples."""
+    for v in values:
+        if type(v) is dtensor_type:
+            return v.device_mesh
+        if type(v) in (list, tuple):
+            mesh = _mesh_of(v)
+            if mesh is not None:
+                return mesh
+    return None
 
 
 # The NumPy function a program called through the door and the flags of its
@@ -191,6 +259,14 @@ def door_from_c(func, args: tuple, kwargs: dict, agreed: bool = False):
     else:
         flags = (_call_agreement.agree_call(_label(func, args), args, kwargs, sys._getframe(1))
                  >> _call_agreement.CALL_FLAGS)
+    if _C.errstate_raises():
+        return _errors_agreed(func, args, kwargs, None,
+                              lambda: _door_from_c_run(func, args, kwargs, flags))
+    return _door_from_c_run(func, args, kwargs, flags)
+
+
+def _door_from_c_run(func, args: tuple, kwargs: dict, flags: int):
+    """door_from_c's steps after the agreement."""
     if not flags & _PLAIN:
         return _traced(func, args, kwargs, None, True, flags)
     _modes.push_implicit_replication()

@@ -244,6 +244,53 @@ def test_an_errstate_callback_that_raises_on_one_rank_raises_everywhere(mesh):
     still_in_step()
 
 
+PYTHON_ENTRIES = [
+    pytest.param(lambda x: np.var(x), id="var"),
+    pytest.param(lambda x: x.reshape(-1, 2).var(axis=0), id="var_method"),
+    pytest.param(lambda x: np.linalg.norm(x), id="norm"),
+    pytest.param(lambda x: np.cumsum(x * 1e108), id="cumsum"),
+    pytest.param(lambda x: np.nanstd(x), id="nanstd"),
+]
+
+
+@many
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("op", PYTHON_ENTRIES)
+def test_a_floating_point_error_inside_a_python_entry_raises_everywhere(mesh, op):
+    """Functions written in Python compute between collectives: the rank whose
+    elements overflow records the error and goes on, so that the others are not
+    left in the next collective, and every rank raises a FloatingPointError once
+    the call returns, as NumPy raises for the whole array."""
+    x, full = _one_rank_holds(1e200, mesh)
+    with np.errstate(over="raise"):
+        got = same_everywhere(outcome(lambda: op(x)))
+        want = outcome(lambda: op(full))
+    assert want is not None and want[0] == "FloatingPointError", want
+    assert got is not None and got[0] == "FloatingPointError", got
+    assert got[1].startswith("overflow encountered in"), got
+    still_in_step()
+
+
+@many
+@pytest.mark.timeout(60)
+def test_an_errstate_callback_inside_a_python_entry_raises_everywhere(mesh):
+    """The program's callback runs on the rank whose elements overflow; what it
+    raises is raised on every rank once the call returns."""
+    x, _ = _one_rank_holds(1e200, mesh)
+
+    def seen(kind, flag):
+        raise ValueError(f"{kind} seen")
+
+    old = np.seterrcall(seen)
+    try:
+        with np.errstate(over="call"):
+            got = same_everywhere(outcome(lambda: np.var(x)))
+    finally:
+        np.seterrcall(old)
+    assert got == ("ValueError", "overflow seen"), got
+    still_in_step()
+
+
 @many
 @pytest.mark.timeout(60)
 def test_error_states_that_differ_by_rank_raise_everywhere(mesh):

@@ -19,8 +19,9 @@ from the result's dtype: :func:`regroups` and :func:`exact`.
 
 A rank with an empty block passes the carry on. The result dtype and NumPy's
 errors (no loop for a dtype) come from NumPy's own call on a one-element array
-on every rank before anything moves; under ``np.errstate(...="raise")`` a
-FloatingPointError of one rank is raised on every member after the chain.
+on every rank before anything moves; under ``np.errstate(...="raise")`` the door
+that runs the entry records a floating-point error of one rank and raises it on
+every member once the chain is done (mpitensor._registry).
 """
 
 from __future__ import annotations
@@ -148,34 +149,6 @@ def _shift(mesh, m: int, k: int, me: int, n: int, sends: list, recvs: list) -> N
     _comm.ring_shift_start(mesh, m, out, into).wait()
 
 
-class _Steps:
-    """Runs this rank's local NumPy work of the chain under the caller's errstate;
-    a FloatingPointError it raises is kept (the work is redone with errors
-    ignored, so the chain goes on) and raised on every member by ``settle``."""
-
-    def __init__(self):
-        self.error = None
-
-    def run(self, work):
-        if self.error is None:
-            try:
-                return work()
-            except FloatingPointError as e:
-                self.error = e
-        with np.errstate(all="ignore"):
-            return work()
-
-    def settle(self, mesh) -> None:
-        """Collective on the mesh when some errstate raises, else Local."""
-        if "raise" not in np.geterr().values():
-            return
-        try:
-            _comm.agree(mesh, self.error is None, 0, str(self.error),
-                        FloatingPointError)
-        except Exception as agreed:  # noqa: BLE001 - NumPy's type, every rank
-            raise self.error or FloatingPointError(str(agreed)) from None
-
-
 def accumulate(ufunc, a, axis: int, dtype, m: int, out_kind) -> np.ndarray:
     """This rank's block of ``ufunc.accumulate(a, axis, dtype=dtype)``, mesh dim
     ``m`` sharding ``axis``: each rank scans ``[carry] + its block`` in coordinate
@@ -183,31 +156,29 @@ def accumulate(ufunc, a, axis: int, dtype, m: int, out_kind) -> np.ndarray:
     spec, local = a._spec, a.to_local()
     mesh = spec.mesh
     me, n = _line(mesh, m)
-    steps = _Steps()
     slab = local.shape[:axis] + (1,) + local.shape[axis + 1:]
     carry, have = np.zeros(slab, out_kind), np.zeros((1,), np.uint8)
     res = np.zeros(local.shape, out_kind)
     for k in range(n - 1):
         if me == k:
             res, carry, have = _scan_block(ufunc, local, axis, dtype, out_kind, carry,
-                                           have, steps)
+                                           have)
         _shift(mesh, m, k, me, n, [carry, have], [carry, have])
     if me == n - 1:
-        res, _, _ = _scan_block(ufunc, local, axis, dtype, out_kind, carry, have, steps)
-    steps.settle(mesh)
+        res, _, _ = _scan_block(ufunc, local, axis, dtype, out_kind, carry, have)
     return res
 
 
-def _scan_block(ufunc, local, axis, dtype, out_kind, carry, have, steps):
+def _scan_block(ufunc, local, axis, dtype, out_kind, carry, have):
     """(this block's scan, the carry after it, whether there is one)."""
     if local.shape[axis] == 0:
         return np.zeros(local.shape, out_kind), carry, have
     if have[0]:
         whole = np.concatenate([carry, local.astype(out_kind, copy=False)], axis=axis)
-        res = steps.run(lambda: ufunc.accumulate(whole, axis=axis, dtype=dtype))
+        res = ufunc.accumulate(whole, axis=axis, dtype=dtype)
         res = np.delete(res, 0, axis=axis)
     else:
-        res = steps.run(lambda: ufunc.accumulate(local, axis=axis, dtype=dtype))
+        res = ufunc.accumulate(local, axis=axis, dtype=dtype)
     res = res.astype(out_kind, copy=False)
     last = np.ascontiguousarray(np.take(res, [-1], axis=axis))
     return res, last, np.ones((1,), np.uint8)
@@ -229,7 +200,6 @@ def segments(ufunc, a, idx: np.ndarray, axis: int, dtype, m: int, out_kind,
     rest = local.shape[:axis] + local.shape[axis + 1:]
     acc = np.zeros((len(idx),) + rest, out_kind)
     have = np.zeros((len(idx),), np.uint8)
-    steps = _Steps()
     ends = idx[1:].tolist() + [total]
     for k in range(n):
         if me == k:
@@ -238,27 +208,24 @@ def segments(ufunc, a, idx: np.ndarray, axis: int, dtype, m: int, out_kind,
                 if b < c:
                     part = np.take(local, np.arange(b - lo, c - lo), axis=axis)
                     acc[i], have[i] = _fold(ufunc, part, axis, dtype, out_kind,
-                                            acc[i] if have[i] else None, steps,
-                                            method), 1
+                                            acc[i] if have[i] else None, method), 1
         if n > 1:
             _shift(mesh, m, k, me, n, [acc, have], [acc, have])
     if n > 1:
         _comm.bcast(mesh, acc, m)
-    steps.settle(mesh)
     return np.moveaxis(acc, 0, axis)
 
 
-def _fold(ufunc, part, axis, dtype, out_kind, carry, steps, method) -> np.ndarray:
+def _fold(ufunc, part, axis, dtype, out_kind, carry, method) -> np.ndarray:
     """``part`` folded along ``axis`` (removed), from ``carry`` when there is one.
     A segment's first piece is NumPy's ``method`` of it: reduce starts from the
     ufunc's identity (hypot's reduce of ``[-3]`` is 3), reduceat from the first
     element (-3); the pieces after it continue from the carry, never from the
     identity again."""
     if carry is None and method == "reduce":
-        return steps.run(lambda: ufunc.reduce(part, axis=axis, dtype=dtype)).astype(
-            out_kind, copy=False)
+        return ufunc.reduce(part, axis=axis, dtype=dtype).astype(out_kind, copy=False)
     if carry is not None:
         part = np.concatenate([np.expand_dims(carry, axis),
                                part.astype(out_kind, copy=False)], axis=axis)
-    return steps.run(lambda: np.take(ufunc.reduceat(part, [0], axis=axis, dtype=dtype),
-                                     0, axis=axis)).astype(out_kind, copy=False)
+    return np.take(ufunc.reduceat(part, [0], axis=axis, dtype=dtype), 0,
+                   axis=axis).astype(out_kind, copy=False)
