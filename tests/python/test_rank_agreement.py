@@ -250,6 +250,7 @@ PYTHON_ENTRIES = [
     pytest.param(lambda x: np.linalg.norm(x), id="norm"),
     pytest.param(lambda x: np.cumsum(x * 1e108), id="cumsum"),
     pytest.param(lambda x: np.nanstd(x), id="nanstd"),
+    pytest.param(lambda x: np.outer(x, x), id="outer"),
 ]
 
 

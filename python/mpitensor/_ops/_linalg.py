@@ -242,7 +242,9 @@ def inner(a, b):
 
 @_registry.implements(np.outer)
 def outer(a, b, out=None):
-    """np.outer of two 1-D DTensors as an einsum ("i,j->ij")."""
+    """np.outer of two 1-D DTensors: the dim map of the einsum "i,j->ij", each block
+    NumPy's own outer, a multiply (einsum's loop sets no floating-point flag, so
+    np.errstate would see no overflow)."""
     name = "numpy.outer"
     a, b = _two_dtensors(name, a, b)
     if out is not None:
@@ -251,7 +253,8 @@ def outer(a, b, out=None):
         raise _registry.NoRule(f"{name} on DTensors takes 1-D operands (NumPy would flatten "
                                f"them, which has no sharding rule); got {a.ndim}-D and "
                                f"{b.ndim}-D")
-    return einsum("i,j->ij", a, b)
+    D.same_mesh(name, (a, b))
+    return D.execute(("outer",), (a, b), lambda: einsum_map(["i", "j"], "ij", "ij"), np.outer)
 
 
 # -- the array API's linear algebra, and what NumPy builds from matmul ----------------
