@@ -226,21 +226,27 @@ def test_a_floating_point_error_on_one_rank_raises_everywhere(mesh, value, state
 
 @many
 @pytest.mark.timeout(60)
-def test_an_errstate_callback_that_raises_on_one_rank_raises_everywhere(mesh):
+@pytest.mark.parametrize("value, category, op, words", [
+    pytest.param(0.0, "divide", lambda x: 1.0 / x, "divide by zero", id="operator"),
+    pytest.param(1e200, "over", np.var, "overflow", id="python_entry"),
+])
+def test_an_errstate_callback_that_raises_on_one_rank_raises_everywhere(
+        mesh, value, category, op, words):
     """np.seterrcall's function runs where the error is, on one rank: what it
-    raises is raised on every rank."""
-    x, _ = _one_rank_holds(0.0, mesh)
+    raises is raised on every rank, by the operator's agreement or, for a function
+    written in Python, once the call returns."""
+    x, _ = _one_rank_holds(value, mesh)
 
     def seen(kind, flag):
         raise ValueError(f"{kind} seen")
 
     old = np.seterrcall(seen)
     try:
-        with np.errstate(divide="call"):
-            got = same_everywhere(outcome(lambda: 1.0 / x))
+        with np.errstate(**{category: "call"}):
+            got = same_everywhere(outcome(lambda: op(x)))
     finally:
         np.seterrcall(old)
-    assert got == ("ValueError", "divide by zero seen"), got
+    assert got == ("ValueError", f"{words} seen"), got
     still_in_step()
 
 
@@ -269,26 +275,6 @@ def test_a_floating_point_error_inside_a_python_entry_raises_everywhere(mesh, op
     assert want is not None and want[0] == "FloatingPointError", want
     assert got is not None and got[0] == "FloatingPointError", got
     assert got[1].startswith("overflow encountered in"), got
-    still_in_step()
-
-
-@many
-@pytest.mark.timeout(60)
-def test_an_errstate_callback_inside_a_python_entry_raises_everywhere(mesh):
-    """The program's callback runs on the rank whose elements overflow; what it
-    raises is raised on every rank once the call returns."""
-    x, _ = _one_rank_holds(1e200, mesh)
-
-    def seen(kind, flag):
-        raise ValueError(f"{kind} seen")
-
-    old = np.seterrcall(seen)
-    try:
-        with np.errstate(over="call"):
-            got = same_everywhere(outcome(lambda: np.var(x)))
-    finally:
-        np.seterrcall(old)
-    assert got == ("ValueError", "overflow seen"), got
     still_in_step()
 
 
