@@ -42,7 +42,7 @@ from .placement_types import _StridedShard
 __all__ = ["implements", "lookup", "call", "door", "door_from_c", "agree_method",
            "gather_call", "NoRule",
            "no_rule", "qualified_name", "op_label", "functions", "rules", "backwards",
-           "set_rule", "clear_rules", "forward_unrecorded"]
+           "set_rule", "clear_rules", "forward_unrecorded", "first_mesh"]
 
 # NumPy function (or ndarray method, operator.getitem) -> its DTensor version.
 functions: dict = {}
@@ -151,7 +151,7 @@ def _errors_agreed(func, args: tuple, kwargs: dict, name, run):
     Collective on the mesh of the first DTensor argument when it has more than one
     rank.
     """
-    mesh = _mesh_of(args) or _mesh_of(tuple(kwargs.values()))
+    mesh = first_mesh(args) or first_mesh(tuple(kwargs.values()))
     if mesh is None or mesh.size() == 1:
         return run()
     state = np.geterr()
@@ -182,13 +182,17 @@ def _errors_agreed(func, args: tuple, kwargs: dict, name, run):
     return result
 
 
-def _mesh_of(values: tuple):
-    """The mesh of the first DTensor among ``values`` and their lists and tuples."""
+def first_mesh(values):
+    """The mesh of the first DTensor among ``values`` (a tuple or list) and their
+    lists and tuples, or None. Local.
+
+    Example: ``first_mesh(([a, b], 1))`` is ``a.device_mesh``.
+    """
     for v in values:
-        if type(v) is dtensor_type:
+        if isinstance(v, dtensor_type):
             return v.device_mesh
-        if type(v) in (list, tuple):
-            mesh = _mesh_of(v)
+        if isinstance(v, (list, tuple)):
+            mesh = first_mesh(v)
             if mesh is not None:
                 return mesh
     return None

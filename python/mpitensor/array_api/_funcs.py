@@ -15,6 +15,7 @@ import numpy as np
 
 from .._dtensor import DTensor
 from .. import _args
+from .._registry import first_mesh
 from ..placement_types import Replicate
 from ._creation import _distributed
 
@@ -94,17 +95,6 @@ def tensordot(x1, x2, /, *, axes=2):
     return arrays_out(np.tensordot)(x1, x2, axes=axes)
 
 
-def _first_mesh(obj):
-    if isinstance(obj, DTensor):
-        return obj.device_mesh
-    if isinstance(obj, (list, tuple)):
-        for item in obj:
-            mesh = _first_mesh(item)
-            if mesh is not None:
-                return mesh
-    return None
-
-
 def _as_arrays(obj, mesh):
     """``obj`` with its NumPy scalars and arrays made DTensors: where NumPy gives a
     scalar for a 0-d result, the standard gives an array; and an ndarray that a
@@ -152,9 +142,9 @@ def arrays_out(func):
         out = func(*args, **kwargs)
         if not _holds_arrays(out):
             return out
-        mesh = _first_mesh(args)
+        mesh = first_mesh(args)
         if mesh is None:
-            mesh = _first_mesh(tuple(kwargs.values()))
+            mesh = first_mesh(tuple(kwargs.values()))
         return _as_arrays(out, mesh)
     return call
 
