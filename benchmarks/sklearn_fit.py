@@ -13,7 +13,7 @@ Ridge(svd), LinearDiscriminantAnalysis, LogisticRegression), one repetition time
 in a shuffled order:
 
 - ``mpitensor``: ``fit`` under ``array_api_dispatch=True`` on DTensors whose rows
-  are sharded over every rank (``mpitensor.array_api.asarray``), one BLAS thread a
+  are sharded over every rank (``mpitensor.distribute_tensor``), one BLAS thread a
   rank;
 - ``numpy``: the same ``fit`` on the whole NumPy array on rank 0 alone with as many
   BLAS threads as there are ranks (threadpoolctl), which is what the same user gets
@@ -103,9 +103,10 @@ def main() -> int:
     targets = {"y": X @ w + 0.1 * rng.standard_normal(args.rows),
                "labels": (X @ w > 0).astype(np.int64) + (X[:, 0] > 1)}
     mesh = mt.init_device_mesh("cpu", (comm.size,))
-    with mesh:
-        Xd = xp.asarray(X)
-        td = {k: xp.asarray(v) for k, v in targets.items()}
+    # Each rank's rows its own array, as rows read from a file are (distribute_tensor
+    # copies; asarray would keep views of X, which the caller could still write).
+    Xd = mt.distribute_tensor(X, mesh, [mt.Shard(0)])
+    td = {k: mt.distribute_tensor(v, mesh, [mt.Shard(0)]) for k, v in targets.items()}
     warnings.simplefilter("ignore")
     wanted = [s for s in args.only.split(",") if s]
     rows = []

@@ -250,8 +250,8 @@ enum { MT_EXT_FREE_DTENSORS = 16 };
  * mpitensor._trace reads through ctypes (the capsule `_C.HOOK_CALLS`, in this
  * order). */
 enum { MT_HOOK_LOCAL, MT_HOOK_BUILD, MT_HOOK_ENTRY, MT_HOOK_EVENT, MT_HOOK_PLACEMENTS,
-       MT_HOOK_AGREE, MT_HOOK_ERROR, MT_HOOK_DTYPE, MT_HOOK_ERRSTATE, MT_HOOK_RUNS,
-       MT_HOOK_COUNT };
+       MT_HOOK_AGREE, MT_HOOK_ERROR, MT_HOOK_DTYPE, MT_HOOK_ERRSTATE, MT_HOOK_DEFERRED,
+       MT_HOOK_RUNS, MT_HOOK_COUNT };
 /* The trace events, each installed as the hook of its name (ext_hooks.c). */
 enum { MT_EVENT_DECISION, MT_EVENT_MOVE, MT_EVENT_UNMOVED, MT_EVENT_COUNT };
 /* The strings the extension compares keywords with, sets slots by or names hooks
@@ -265,13 +265,18 @@ enum { MT_EVENT_DECISION, MT_EVENT_MOVE, MT_EVENT_UNMOVED, MT_EVENT_COUNT };
   X(EVENT, "decision") X(EVENT_MOVE, "move") X(EVENT_UNMOVED, "unmoved")               \
   X(DOOR, "door") X(AGREE, "agree") X(NAME, "__name__") X(PACKAGE, "mpitensor.")         \
   X(ARRAY_API, "mpitensor.array_api") X(TESTING, "mpitensor.testing")                 \
-  X(MODULE, "__module__") X(QUALNAME, "__qualname__") X(ERRSTATE, "errstate")
+  X(MODULE, "__module__") X(QUALNAME, "__qualname__") X(ERRSTATE, "errstate")         \
+  X(SETTLE, "settle") X(RESULT, "result")
 #define MT_EXT_STRING_INDEX(name, _) MT_S_##name,
 enum { MT_EXT_STRINGS(MT_EXT_STRING_INDEX) MT_S_COUNT };
 
 struct mt_ext_dispatch {
   PyObject *module; /* borrowed: the module whose state this is */
   PyTypeObject *dtensor, *spec, *mesh_base, *dtensor_base, *node_type, *request_type;
+  /* mpitensor._deferred.Deferred, and the one whose operands are frozen (NULL:
+   * none; owned), which ext_deferred.c settles before any other use of data. */
+  PyTypeObject *deferred_type;
+  PyObject *deferred;
   mt_ext_modes *modes; /* the module state's */
   /* (name, backward) of the moves redistribute records, and of the views the
    * executor reads strided operands through (register_grad); NULL: none. */
@@ -330,6 +335,9 @@ int64_t mt_ext_op_id(mt_ext_dispatch *d, PyObject *key);
 /* fn(*args, **kwnames) as hook `kind`: the one way C calls Python. */
 PyObject *mt_ext_hook(mt_ext_dispatch *d, int kind, PyObject *fn, PyObject *const *args,
                       size_t nargsf, PyObject *kwnames);
+/* args[0].name(*args[1:nargs]) as hook `kind`. */
+PyObject *mt_ext_hook_method(mt_ext_dispatch *d, int kind, PyObject *name,
+                             PyObject *const *args, size_t nargs);
 /* fn(*args, **kwargs) as hook `kind` (args a tuple, kwargs a dict or NULL). */
 PyObject *mt_ext_hook_call(mt_ext_dispatch *d, int kind, PyObject *fn, PyObject *args,
                            PyObject *kwargs);
@@ -570,6 +578,16 @@ PyObject *mt_ext_start_plan(PyObject *module, mt_ext_mesh_base *mb, const mt_pla
  * when the slot holds an ndarray. The one completion: the executor's operands,
  * redistribute and DTensor._data. 0, or -1 with an exception. */
 int mt_ext_complete(mt_ext_dispatch *d, mt_ext_dtensor *b);
+/* -- deferred locals (ext_deferred.c) ---------------------------------------------- */
+
+/* Settles the pending Deferred, if any: computes it when anything but the
+ * dispatch holds it, and gives its operands back their writes. 0, or -1 with an
+ * exception. Called before every completion, so before any operation reads or
+ * writes a DTensor's data or hands a local array out. */
+int mt_ext_settle(mt_ext_dispatch *d);
+/* Puts the computed array of the Deferred in `b`'s slot in its place. */
+int mt_ext_complete_deferred(mt_ext_dispatch *d, mt_ext_dtensor *b);
+
 /* A mpitensor._comm.Request that owns `req`, a plan's exchange in flight; `keep`
  * stays referenced until it completes, and wait() returns `result`. */
 PyObject *mt_ext_request_new(mt_ext_dispatch *d, mt_request *req, PyObject *keep,
@@ -669,6 +687,6 @@ void mt_ext_ops_free(mt_ext_state *st);
 extern PyMethodDef mt_ext_pool_methods[], mt_ext_ops_methods[], mt_ext_autograd_methods[],
     mt_ext_decide_methods[], mt_ext_exec_methods[],
     mt_ext_hooks_methods[], mt_ext_entry_methods[], mt_ext_move_methods[],
-    mt_ext_one_mesh_methods[], mt_ext_call_agreement_methods[];
+    mt_ext_one_mesh_methods[], mt_ext_call_agreement_methods[], mt_ext_deferred_methods[];
 
 #endif

@@ -277,15 +277,34 @@ static int spec_set(PyObject *self, PyObject *value, void *closure) {
   return 0;
 }
 
+/* _local_tensor: a waiting Deferred is settled first, since the array handed out
+ * may be written (ext_deferred.c); a pending asynchronous move stays as it is. */
+static PyObject *local_get(PyObject *self, void *unused) {
+  mt_ext_dtensor *b = (mt_ext_dtensor *)self;
+  mt_ext_dispatch *d = dispatch_of(self);
+  if (d == NULL || (d->deferred != NULL && mt_ext_settle(d) < 0)) return NULL;
+  /* Read after the settle, which runs Python code. */
+  if (b->local != NULL && Py_TYPE(b->local) == d->deferred_type &&
+      mt_ext_complete_deferred(d, b) < 0)
+    return NULL;
+  if (b->local == NULL) PyErr_SetString(PyExc_AttributeError, "_local_tensor");
+  return Py_XNewRef(b->local);
+}
+
+static int local_set(PyObject *self, PyObject *value, void *unused) {
+  Py_XSETREF(((mt_ext_dtensor *)self)->local, Py_XNewRef(value));
+  return 0;
+}
+
 static PyGetSetDef base_getset[] = {
     {"_spec", spec_get, spec_set,
      "The DTensorSpec: mesh, placements, global shape, dtype, stride.", NULL},
+    {"_local_tensor", local_get, local_set,
+     "This rank's local ndarray (or a pending asynchronous one).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyMemberDef base_members[] = {
-    {"_local_tensor", T_OBJECT_EX, offsetof(mt_ext_dtensor, local), 0,
-     "This rank's local ndarray (or a pending asynchronous one)."},
     {"_requires_grad", T_BOOL, offsetof(mt_ext_dtensor, requires_grad), 0,
      "Whether autograd records operations on this tensor while grad mode is on."},
     {"_grad_fn", T_OBJECT, offsetof(mt_ext_dtensor, grad_fn), 0,

@@ -406,7 +406,9 @@ static PyObject *reduce(mt_ext_dispatch *d, int method, PyObject *self,
   mt_ext_sig *sig = &d->sigs[d->reduction_sig[method]];
   PyObject *axis, *keepdims;
   mt_ext_call c;
-  if (sig->user_rule || reduction_args(d, sig, args, nargs, kwnames, &axis, &keepdims) < 0)
+  /* A waiting selection's reduction may read its operands (mpitensor._ops._reductions). */
+  if (sig->user_rule || reduction_args(d, sig, args, nargs, kwnames, &axis, &keepdims) < 0 ||
+      (d->deferred != NULL && ((mt_ext_dtensor *)self)->local == d->deferred))
     return reduction_entry(d, sig, self, args, nargs, kwnames);
   int rc = gather_fast(d, &self, 1, &c, sig->func, 0);
   if (rc == 0 && c.strided && axis == Py_None && keepdims == Py_False)

@@ -29,7 +29,9 @@
  *               it keeps exactly, on a memo miss only: ufunc.resolve_dtypes, or
  *               the reduction of a one-element stand-in;
  *   ERRSTATE    whether NumPy's error state raises on floating-point errors
- *               (mpitensor._registry.errstate_raises), once per state seen.
+ *               (mpitensor._registry.errstate_raises), once per state seen;
+ *   DEFERRED    a Deferred local's settle or result (ext_deferred.c), a method
+ *               of mpitensor._deferred.Deferred.
  *
  * Each call is counted by kind (mpitensor._trace.hook_stats()), so tests can show
  * what a path costs: a cached `a + b` makes one LOCAL call and nothing else. */
@@ -39,6 +41,12 @@ PyObject *mt_ext_hook(mt_ext_dispatch *d, int kind, PyObject *fn, PyObject *cons
                       size_t nargsf, PyObject *kwnames) {
   d->hook_calls[kind]++;
   return PyObject_Vectorcall(fn, args, nargsf, kwnames);
+}
+
+PyObject *mt_ext_hook_method(mt_ext_dispatch *d, int kind, PyObject *name,
+                             PyObject *const *args, size_t nargs) {
+  d->hook_calls[kind]++;
+  return PyObject_VectorcallMethod(name, args, nargs, NULL);
 }
 
 PyObject *mt_ext_hook_call(mt_ext_dispatch *d, int kind, PyObject *fn, PyObject *args,

@@ -173,10 +173,10 @@ static int load_placements(mt_ext_dispatch *d, PyObject *rep, PyObject *shards,
  * strided) */
 static PyObject *dispatch_init(PyObject *module, PyObject *args) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
-  PyObject *dtensor, *spec, *node, *request, *rep, *shards, *partials, *strided;
-  if (!PyArg_ParseTuple(args, "O!O!O!O!OOOO:dispatch_init", &PyType_Type, &dtensor,
+  PyObject *dtensor, *spec, *node, *request, *deferred, *rep, *shards, *partials, *strided;
+  if (!PyArg_ParseTuple(args, "O!O!O!O!O!OOOO:dispatch_init", &PyType_Type, &dtensor,
                         &PyType_Type, &spec, &PyType_Type, &node, &PyType_Type, &request,
-                        &rep, &shards, &partials, &strided))
+                        &PyType_Type, &deferred, &rep, &shards, &partials, &strided))
     return NULL;
   if (!PyType_IsSubtype((PyTypeObject *)dtensor, d->dtensor_base))
     return PyErr_Format(PyExc_TypeError, "dispatch_init needs a DTensorBase subclass");
@@ -185,6 +185,7 @@ static PyObject *dispatch_init(PyObject *module, PyObject *args) {
   if (load_numpy(d) < 0 || load_placements(d, rep, shards, partials, strided) < 0) return NULL;
   d->spec = (PyTypeObject *)Py_NewRef(spec), d->node_type = (PyTypeObject *)Py_NewRef(node);
   d->request_type = (PyTypeObject *)Py_NewRef(request);
+  d->deferred_type = (PyTypeObject *)Py_NewRef(deferred);
   d->dtensor = (PyTypeObject *)Py_NewRef(dtensor);
   Py_RETURN_NONE;
 }
@@ -203,7 +204,7 @@ static PyObject *set_cache_limits(PyObject *module, PyObject *args) {
 
 PyMethodDef mt_ext_ops_methods[] = {
     {"dispatch_init", dispatch_init, METH_VARARGS,
-     "dispatch_init(DTensor, DTensorSpec, Node, Request, replicate, shards, "
+     "dispatch_init(DTensor, DTensorSpec, Node, Request, Deferred, replicate, shards, "
      "partials, strided): the ground floor's types and interned placements, once. "
      "Local."},
     {"register_ufunc", register_ufunc, METH_VARARGS,
@@ -258,19 +259,20 @@ int mt_ext_ops_exec(PyObject *module) {
 }
 
 /* Every object the state holds, for traverse and clear. */
-#define MT_EXT_OPS_OBJECTS(X, d)                                                       \
-  X(d->dtensor); X(d->spec); X(d->node_type); X(d->request_type); X(d->move_grad);   \
-  X(d->view_grad); X(d->hooks); X(d->ufunc_type); X(d->replicate); X(d->op_ids);      \
-  X(d->strided); X(d->kw_keepdims); X(d->kw_out); X(d->errstate_var);              \
-  X(d->errstate_seen[0]); X(d->errstate_seen[1]);                                   \
-  for (int i_ = 0; i_ < MT_S_COUNT; ++i_) X(d->str[i_]);                               \
-  for (int i_ = 0; i_ < MT_MAX_NDIM; ++i_) X(d->shard[i_]);                            \
-  for (int i_ = 0; i_ < MT_REDUCE_COUNT; ++i_) X(d->partial[i_]);                      \
-  for (int i_ = 0; i_ < MT_EXT_NUFUNC; ++i_) X(d->ufunc[i_]);                          \
-  for (int i_ = 0; i_ < MT_EXT_NREDUCTION; ++i_) X(d->reduction_name[i_]);             \
-  for (int i_ = 0; i_ < d->nsigs; ++i_) {                                              \
-    X(d->sigs[i_].func); X(d->sigs[i_].method);                                        \
-    X(d->sigs[i_].grad_name); X(d->sigs[i_].grad_backward);                            \
+#define MT_EXT_OPS_OBJECTS(X, d)                                                      \
+  X(d->dtensor); X(d->spec); X(d->node_type); X(d->request_type); X(d->move_grad);    \
+  X(d->deferred_type); X(d->deferred); X(d->view_grad); X(d->hooks);                  \
+  X(d->ufunc_type); X(d->replicate); X(d->op_ids); X(d->strided);                     \
+  X(d->kw_keepdims); X(d->kw_out); X(d->errstate_var);                                \
+  X(d->errstate_seen[0]); X(d->errstate_seen[1]);                                     \
+  for (int i_ = 0; i_ < MT_S_COUNT; ++i_) X(d->str[i_]);                              \
+  for (int i_ = 0; i_ < MT_MAX_NDIM; ++i_) X(d->shard[i_]);                           \
+  for (int i_ = 0; i_ < MT_REDUCE_COUNT; ++i_) X(d->partial[i_]);                     \
+  for (int i_ = 0; i_ < MT_EXT_NUFUNC; ++i_) X(d->ufunc[i_]);                         \
+  for (int i_ = 0; i_ < MT_EXT_NREDUCTION; ++i_) X(d->reduction_name[i_]);            \
+  for (int i_ = 0; i_ < d->nsigs; ++i_) {                                             \
+    X(d->sigs[i_].func); X(d->sigs[i_].method);                                       \
+    X(d->sigs[i_].grad_name); X(d->sigs[i_].grad_backward);                           \
   }
 
 int mt_ext_ops_traverse(mt_ext_state *st, visitproc visit, void *arg) {

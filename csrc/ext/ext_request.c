@@ -21,8 +21,10 @@ PyObject *mt_ext_request_new(mt_ext_dispatch *d, mt_request *req, PyObject *keep
 }
 
 int mt_ext_complete(mt_ext_dispatch *d, mt_ext_dtensor *b) {
+  if (d->deferred != NULL && mt_ext_settle(d) < 0) return -1;
   PyObject *obj = b->local;
   if (obj == NULL || PyArray_Check(obj)) return 0;
+  if (Py_TYPE(obj) == d->deferred_type) return mt_ext_complete_deferred(d, b);
   if (Py_TYPE(obj) != d->request_type) {
     PyErr_Format(PyExc_TypeError, "a DTensor's local data is an ndarray, got %s",
                  Py_TYPE(obj)->tp_name);

@@ -16,8 +16,8 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from . import (_C, _args, _call_agreement, _clib, _comm, _device, _dtypes, _flat, _iterate,
-               _modes, _registry, _trace)
+from . import (_C, _args, _call_agreement, _clib, _comm, _deferred, _device, _dtypes, _flat,
+               _iterate, _modes, _registry, _trace)
 from ._bind import core
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._fingerprint import fingerprint
@@ -1131,7 +1131,7 @@ class DTensor(_C.DTensorBase):
 # The executor makes DTensors, specs, autograd nodes and placements of these types
 # (placements are interned: these are the objects Replicate(), Shard(d) and
 # Partial(op) return); the Python door takes DTensor operands of this class.
-_C.dispatch_init(DTensor, DTensorSpec, Node, _comm.Request, Replicate(),
+_C.dispatch_init(DTensor, DTensorSpec, Node, _comm.Request, _deferred.Deferred, Replicate(),
                  tuple(Shard(d) for d in range(_clib.MAX_NDIM)),
                  tuple(Partial(op) for op in _clib.CORE.REDUCE_OPS), _strided_shard)
 _registry.dtensor_type = DTensor

@@ -39,7 +39,7 @@ FLOORS = {
     "_iterate": 1, "_flat": 1, "_shard": 1, "_mpi_library": 1, "_version": 1, "_timemodel": 1,
     "_departure": 1, "_strided": 1,
     "_fingerprint": 1, "_allgather_bytes": 1, "_device": 1, "_dtypes": 1, "_hooks": 1,
-    "_node": 1, "_call_agreement": 1, "_mesh_layout": 1,
+    "_node": 1, "_call_agreement": 1, "_mesh_layout": 1, "_deferred": 1,
     # Distributed algorithms and the executor's Python face: called by the entries,
     # they register nothing and import no entry module.
     "_algorithms": 2,

@@ -1,0 +1,99 @@
+/* Deferred locals (mpitensor._deferred.Deferred): a DTensor whose local slot holds
+ * a computation not run yet, which the next reduction may read through without
+ * making its result. Its operands are arrays only their DTensors hold, made
+ * read-only while it waits; at most one waits at a time (d->deferred), and it is
+ * settled (computed if still held, its operands writable again) by every
+ * completion (mt_ext_complete, so before any operation reads or writes a DTensor's
+ * data), by every read of a `_local_tensor`, and before the next one waits. A
+ * reduction that reads it takes it out first (claim_deferred) and puts it back. */
+#include "ext.h"
+
+int mt_ext_settle(mt_ext_dispatch *d) {
+  PyObject *p = d->deferred;
+  if (p == NULL) return 0;
+  d->deferred = NULL;
+  /* Held only here: no DTensor can read the result, so it is not computed. */
+  PyObject *args[2] = {p, Py_REFCNT(p) > 1 ? Py_True : Py_False};
+  PyObject *r = mt_ext_hook_method(d, MT_HOOK_DEFERRED, d->str[MT_S_SETTLE], args, 2);
+  Py_DECREF(p);
+  Py_XDECREF(r);
+  return r == NULL ? -1 : 0;
+}
+
+int mt_ext_complete_deferred(mt_ext_dispatch *d, mt_ext_dtensor *b) {
+  PyObject *p = Py_NewRef(b->local);
+  PyObject *args[1] = {p};
+  PyObject *done = mt_ext_hook_method(d, MT_HOOK_DEFERRED, d->str[MT_S_RESULT], args, 1);
+  Py_DECREF(p);
+  if (done == NULL) return -1;
+  Py_XSETREF(b->local, done);
+  return 0;
+}
+
+static mt_ext_dtensor *dtensor_arg(mt_ext_dispatch *d, PyObject *o) {
+  if (d->dtensor == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "mpitensor._C.dispatch_init was not called");
+    return NULL;
+  }
+  if (!mt_ext_is_dtensor(d, o)) {
+    PyErr_Format(PyExc_TypeError, "expected a DTensor, got %s", Py_TYPE(o)->tp_name);
+    return NULL;
+  }
+  return (mt_ext_dtensor *)o;
+}
+
+static PyObject *defer(PyObject *module, PyObject *p) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  if (d->deferred_type == NULL || Py_TYPE(p) != d->deferred_type)
+    return PyErr_Format(PyExc_TypeError, "defer: expected a Deferred");
+  if (mt_ext_settle(d) < 0) return NULL;
+  d->deferred = Py_NewRef(p);
+  Py_RETURN_NONE;
+}
+
+static PyObject *settle_deferred(PyObject *module, PyObject *unused) {
+  if (mt_ext_settle(mt_ext_dispatch_module(module)) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+static PyObject *claim_deferred(PyObject *module, PyObject *o) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  mt_ext_dtensor *b = dtensor_arg(d, o);
+  if (b == NULL) return NULL;
+  if (d->deferred == NULL || b->local != d->deferred) Py_RETURN_NONE;
+  PyObject *p = d->deferred;
+  d->deferred = NULL;
+  return p;
+}
+
+/* Whether `o`'s local array is one no other object can write: an ndarray that owns
+ * its writable, C-contiguous memory, referenced by the DTensor alone (a view of it
+ * would hold a reference). */
+static PyObject *exclusive(PyObject *module, PyObject *o) {
+  mt_ext_dtensor *b = dtensor_arg(mt_ext_dispatch_module(module), o);
+  if (b == NULL) return NULL;
+  PyObject *local = b->local;
+  int flags = local != NULL && PyArray_CheckExact(local)
+                  ? PyArray_FLAGS((PyArrayObject *)local)
+                  : 0;
+  int need = NPY_ARRAY_OWNDATA | NPY_ARRAY_WRITEABLE | NPY_ARRAY_C_CONTIGUOUS;
+  return PyBool_FromLong((flags & need) == need && Py_REFCNT(local) == 1 &&
+                         PyArray_BASE((PyArrayObject *)local) == NULL);
+}
+
+PyMethodDef mt_ext_deferred_methods[] = {
+    {"defer", defer, METH_O,
+     "defer(deferred): makes `deferred` (whose operands it froze) the one that waits, "
+     "settling the one before. Local."},
+    {"settle_deferred", settle_deferred, METH_NOARGS,
+     "settle_deferred(): computes the waiting Deferred if a DTensor holds it and gives "
+     "its operands their writes back. Local."},
+    {"claim_deferred", claim_deferred, METH_O,
+     "claim_deferred(dtensor): the Deferred in the DTensor's local slot if it is the "
+     "one waiting, which stops waiting (the caller defers it again), else None. "
+     "Local."},
+    {"exclusive", exclusive, METH_O,
+     "exclusive(dtensor): whether its local array owns its writable, C-contiguous "
+     "memory and nothing but the DTensor references it. Local."},
+    {NULL, NULL, 0, NULL},
+};
