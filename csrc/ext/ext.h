@@ -277,6 +277,7 @@ struct mt_ext_dispatch {
    * none; owned), which ext_deferred.c settles before any other use of data. */
   PyTypeObject *deferred_type;
   PyObject *deferred;
+  PyObject *isnan; /* numpy.isnan, which may defer (ext_entry.c) */
   mt_ext_modes *modes; /* the module state's */
   /* (name, backward) of the moves redistribute records, and of the views the
    * executor reads strided operands through (register_grad); NULL: none. */
@@ -585,6 +586,9 @@ int mt_ext_complete(mt_ext_dispatch *d, mt_ext_dtensor *b);
  * exception. Called before every completion, so before any operation reads or
  * writes a DTensor's data or hands a local array out. */
 int mt_ext_settle(mt_ext_dispatch *d);
+/* The size from which a block may wait (_C.DEFER_MIN_SIZE): below it, writing
+ * the block costs less than the deferring. */
+enum { MT_EXT_DEFER_MIN_SIZE = 1 << 15 };
 /* Puts the computed array of the Deferred in `b`'s slot in its place. */
 int mt_ext_complete_deferred(mt_ext_dispatch *d, mt_ext_dtensor *b);
 

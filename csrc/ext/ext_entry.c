@@ -281,6 +281,24 @@ static int into_bool(const mt_ext_dispatch *d, PyObject *const *ops, Py_ssize_t 
 }
 
 /* A ufunc call; `agreed`: it needs no agreement (an operator's). */
+/* Whether `o` is large enough that its blocks may wait for the reduction that
+ * reads them (mpitensor._ops._deferring, whose Python entry decides on each rank).
+ * By the global size, so that every rank takes the same door and agrees alike. */
+static int may_defer(const mt_ext_dispatch *d, PyObject *o) {
+  if (!mt_ext_is_dtensor(d, o) || mt_ext_events(d->modes)) return 0;
+  PyObject *spec = ((mt_ext_dtensor *)o)->spec;
+  if (spec == NULL || !PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 5) return 0;
+  PyObject *shape = PyTuple_GET_ITEM(spec, 2);
+  if (!PyTuple_Check(shape)) return 0;
+  long long size = 1;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape) && size < MT_EXT_DEFER_MIN_SIZE; ++i) {
+    long long n = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
+    if (n < 0) return PyErr_Clear(), 0;
+    size *= n;
+  }
+  return size >= MT_EXT_DEFER_MIN_SIZE;
+}
+
 static PyObject *ufunc_call(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
                             Py_ssize_t n, PyObject *kwnames, int agreed) {
   if (n == 2 && ufunc == d->ufunc[MT_UF_power] && !into_bool(d, ops, n, kwnames) &&
@@ -291,7 +309,8 @@ static PyObject *ufunc_call(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const
   mt_ext_call c;
   c.mixed = 0;
   if (sig == NULL || sig->op.family == MT_OP_REDUCTION || sig->nin != n ||
-      n > MT_MEMO_MAX_OPERANDS || kw == 0 || sig->user_rule)
+      n > MT_MEMO_MAX_OPERANDS || kw == 0 || sig->user_rule ||
+      (ufunc == d->isnan && kw == 1 && may_defer(d, ops[0])))
     return ufunc_entry(d, ufunc, d->str[MT_S_CALL], ops, n, kwnames, agreed);
   if (kw == 2) { /* out=: only operands strided alike run here, on views */
     for (Py_ssize_t i = 0; i < n; ++i) strided |= mt_ext_strided(d, ops[i]);

@@ -144,6 +144,7 @@ static int load_numpy(mt_ext_dispatch *d) {
   int rc = (d->ufunc_type = PyObject_GetAttrString(np, "ufunc")) ? 0 : -1;
   for (int i = 0; rc == 0 && i < MT_EXT_NUFUNC; ++i)
     rc = (d->ufunc[i] = PyObject_GetAttrString(np, ufunc_names[i])) ? 0 : -1;
+  if (rc == 0) rc = (d->isnan = PyObject_GetAttrString(np, "isnan")) ? 0 : -1;
   Py_DECREF(np);
   return rc;
 }
@@ -261,7 +262,7 @@ int mt_ext_ops_exec(PyObject *module) {
 /* Every object the state holds, for traverse and clear. */
 #define MT_EXT_OPS_OBJECTS(X, d)                                                      \
   X(d->dtensor); X(d->spec); X(d->node_type); X(d->request_type); X(d->move_grad);    \
-  X(d->deferred_type); X(d->deferred); X(d->view_grad); X(d->hooks);                  \
+  X(d->deferred_type); X(d->deferred); X(d->isnan); X(d->view_grad); X(d->hooks);     \
   X(d->ufunc_type); X(d->replicate); X(d->op_ids); X(d->strided);                     \
   X(d->kw_keepdims); X(d->kw_out); X(d->errstate_var);                                \
   X(d->errstate_seen[0]); X(d->errstate_seen[1]);                                     \

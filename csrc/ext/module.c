@@ -46,6 +46,7 @@ static int module_exec(PyObject *module) {
   int rc = statuses == NULL ? -1 : PyModule_AddObjectRef(module, "STATUS_EXCEPTIONS", statuses);
   Py_XDECREF(statuses);
   if (rc < 0) return -1;
+  if (PyModule_AddIntConstant(module, "DEFER_MIN_SIZE", MT_EXT_DEFER_MIN_SIZE) < 0) return -1;
   return PyModule_AddIntConstant(module, "HOOK_COUNT", MT_HOOK_COUNT);
 }
 

@@ -1,7 +1,7 @@
-"""A where whose block waits (mpitensor._deferred): the reduction that reads its
-operands gives NumPy's bits, and the block, when something still holds it, is the
-one the eager where gives, whatever the program writes afterwards and by whichever
-way; operands another object could write are never deferred."""
+"""An isnan and a where whose blocks wait (mpitensor._deferred): the reduction that
+reads their operands gives the eager bits, and a block something still holds is
+the one the eager call gives, whatever the program writes afterwards and by
+whichever way; operands another object could write are never deferred."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import mpitensor as mt
 import mpitensor.array_api as xp
 from mpitensor import Replicate, Shard, _C, _deferred
-from mpitensor._ops import _select
+from mpitensor._ops import _deferring
 from ops_helpers import W, mesh_of
 
 R, S0, S1 = Replicate(), Shard(0), Shard(1)
@@ -20,16 +20,18 @@ ROWS = 20_003
 
 
 @pytest.fixture
-def settled(monkeypatch):
-    """The ``needed`` flag of each settle: False where the block was never made."""
+def computed(monkeypatch):
+    """The names of the deferred blocks NumPy computed (an isnan known to hold no
+    True is made without it)."""
     _C.settle_deferred()  # the one an earlier test left waiting
     seen = []
-    settle = _deferred.Deferred.settle
+    compute = _deferred.Deferred._compute
 
-    def record(self, needed):
-        seen.append(needed)
-        return settle(self, needed)
-    monkeypatch.setattr(_deferred.Deferred, "settle", record)
+    def record(self):
+        if not self.nan_free:
+            seen.append(self.func.__name__)
+        return compute(self)
+    monkeypatch.setattr(_deferred.Deferred, "_compute", record)
     return seen
 
 
@@ -59,7 +61,7 @@ def extreme_of_selection(x, largest, axis):
 @pytest.mark.parametrize("largest", [False, True], ids=["min", "max"])
 @pytest.mark.parametrize("axis", [0, None, 1], ids=str)
 def test_the_extreme_of_a_selection_is_the_eager_one(placement, case, largest, axis,
-                                                     settled, monkeypatch):
+                                                     computed, monkeypatch):
     mesh = mesh_of((W,))
     a = data(case)
     x = mt.distribute_tensor(a, mesh, [placement])
@@ -68,15 +70,15 @@ def test_the_extreme_of_a_selection_is_the_eager_one(placement, case, largest, a
     want = (np.max if largest else np.min)(np.where(np.isnan(a), s, a), axis=axis)
     assert got.dtype == want.dtype and np.array_equal(got, want)
     if placement != S1:  # a shard of one column is too small to defer
-        assert settled == [False]
+        assert sorted(computed) == ([] if case in ("plain", "zeros") else ["isnan", "where"])
     # The bits are the eager where's and reduction's, the zeros' signs too (whose
     # order across ranks is the all-reduce's, not NumPy's).
-    monkeypatch.setattr(_select, "_DEFER_MIN_SIZE", 1 << 62)
+    monkeypatch.setattr(_deferring, "MIN_SIZE", 1 << 62)
     assert got.tobytes() == extreme_of_selection(x, largest, axis).tobytes()
 
 
 @pytest.mark.parametrize("largest", [False, True], ids=["min", "max"])
-def test_the_scalar_second_and_the_method(largest, settled):
+def test_the_scalar_second_and_the_method(largest, computed):
     mesh = mesh_of((W,))
     a = data("nan")
     x = mt.distribute_tensor(a, mesh, [S0])
@@ -86,16 +88,16 @@ def test_the_scalar_second_and_the_method(largest, settled):
     del picked  # held, the selection is made before the next operation
     want = np.where(~np.isnan(a), a, s)
     assert np.array_equal(extreme.full_tensor(), want.max(0) if largest else want.min(0))
-    assert settled == [False]
+    assert computed == ["isnan"]  # by the ~, which takes a computed mask
 
 
-def test_another_scalar_is_computed_first(settled):
+def test_another_scalar_is_computed_first(computed):
     mesh = mesh_of((W,))
     a = data("nan")
     x = mt.distribute_tensor(a, mesh, [S0])
     got = xp.min(xp.where(xp.isnan(x), 5.0, x), axis=0).full_tensor()
     assert got.tobytes() == np.where(np.isnan(a), 5.0, a).min(0).tobytes()
-    assert settled == [True]
+    assert sorted(computed) == ["isnan", "where"]
 
 
 WRITES = {
@@ -111,7 +113,7 @@ WRITES = {
 
 
 @pytest.mark.parametrize("write", list(WRITES))
-def test_a_held_selection_is_the_eager_one_after_any_write(write, settled):
+def test_a_held_selection_is_the_eager_one_after_any_write(write, computed):
     mesh = mesh_of((W,))
     a = data("nan")
     x = mt.distribute_tensor(a, mesh, [S0])
@@ -120,23 +122,23 @@ def test_a_held_selection_is_the_eager_one_after_any_write(write, settled):
     xp.min(picked, axis=0)
     WRITES[write](x, mask)
     assert picked.full_tensor().tobytes() == np.where(np.isnan(a), np.inf, a).tobytes()
-    assert settled == [True]
+    assert sorted(computed) == ["isnan", "where"]
     assert x._local_tensor.flags.writeable and mask._local_tensor.flags.writeable
     x[0] = 3.0  # the operands take writes again
     assert x.full_tensor()[0, 0] == 3.0
 
 
-def test_a_dropped_selection_is_never_made(settled):
+def test_a_dropped_selection_is_never_made(computed):
     mesh = mesh_of((W,))
     x = mt.distribute_tensor(data("plain"), mesh, [S0])
     picked = xp.where(xp.isnan(x), np.inf, x)
     del picked
     x += 1.0
-    assert settled == [False]
+    assert computed == ["isnan"]  # a Deferred's mask is made in case it is held
     assert x._local_tensor.flags.writeable
 
 
-def test_a_view_made_while_it_waits_writes_through(settled):
+def test_a_view_made_while_it_waits_writes_through(computed):
     mesh = mesh_of((W,))
     a = data("plain")
     x = mt.distribute_tensor(a, mesh, [S0])
@@ -148,7 +150,7 @@ def test_a_view_made_while_it_waits_writes_through(settled):
     assert picked.full_tensor().tobytes() == data("plain").tobytes()
 
 
-def test_memory_another_array_shares_is_never_deferred(settled):
+def test_memory_another_array_shares_is_never_deferred(computed):
     mesh = mesh_of((W,))
     a = data("plain")
     with mesh:
@@ -156,20 +158,20 @@ def test_memory_another_array_shares_is_never_deferred(settled):
     picked = xp.where(xp.isnan(x), np.inf, x)
     a[...] = 0.0
     assert picked.full_tensor().tobytes() == data("plain").tobytes()
-    assert settled == []
+    assert computed == []
 
 
-def test_a_raising_error_state_computes_it_now(settled):
+def test_a_raising_error_state_computes_it_now(computed):
     mesh = mesh_of((W,))
     a = data("nan")
     x = mt.distribute_tensor(a, mesh, [S0])
     with np.errstate(all="raise"):
         got = xp.min(xp.where(xp.isnan(x), np.inf, x), axis=0).full_tensor()
     assert got.tobytes() == np.where(np.isnan(a), np.inf, a).min(0).tobytes()
-    assert settled == []
+    assert computed == []
 
 
-def test_copy_views_and_a_waiting_selection(settled):
+def test_copy_views_and_a_waiting_selection(computed):
     mesh = mesh_of((W,))
     a = data("plain")
     x = mt.distribute_tensor(a, mesh, [S0])
@@ -179,8 +181,38 @@ def test_copy_views_and_a_waiting_selection(settled):
     a[3:-3] = 0.0
     assert x.full_tensor().tobytes() == a.tobytes()
     assert picked.full_tensor().tobytes() == data("plain").tobytes()
-    settled.clear()
+    computed.clear()
     picked = xp.where(xp.isnan(x), np.inf, x)  # of memory with copy-views: made now
     cut[...] = 1.0
     assert picked.full_tensor().tobytes() == a.tobytes()
-    assert settled == []  # a view or a copy-view of x: never deferred
+    assert computed == []  # a view or a copy-view of x: never deferred
+
+
+def test_isnan_waits_by_either_name_and_gives_numpys_mask(computed):
+    mesh = mesh_of((W,))
+    a = data("nan")
+    x = mt.distribute_tensor(a, mesh, [S0])
+    for mask in (np.isnan(x), xp.isnan(x)):
+        assert mask.dtype == np.bool_ and mask.placements == x.placements
+        assert (mask.full_tensor() == np.isnan(a)).all()
+    assert computed == ["isnan", "isnan"]
+
+
+def test_a_mask_of_another_array_is_made_first(computed):
+    mesh = mesh_of((W,))
+    a, b = data("nan", 1), data("plain", 2)
+    x, z = (mt.distribute_tensor(v, mesh, [S0]) for v in (a, b))
+    got = xp.min(xp.where(xp.isnan(x), np.inf, z), axis=0).full_tensor()
+    assert got.tobytes() == np.where(np.isnan(a), np.inf, b).min(0).tobytes()
+    assert computed == ["isnan"]
+
+
+def test_nan_to_num_by_where(computed):
+    mesh = mesh_of((W,))
+    a = data("nan")
+    x = mt.distribute_tensor(a, mesh, [S0])
+    y = np.where(np.isnan(x), 0.0, x)
+    assert y.sum(axis=0).full_tensor().tobytes() == \
+        mt.distribute_tensor(np.where(np.isnan(a), 0.0, a), mesh, [S0]).sum(
+            axis=0).full_tensor().tobytes()
+    assert sorted(computed) == ["isnan", "where"]

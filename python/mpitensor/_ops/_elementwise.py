@@ -24,7 +24,7 @@ from .._dtensor import DTensor
 from ..placement_types import Replicate
 from .._algorithms import _dispatch as D
 from . import _ufunc_methods
-from . import _inplace, _linalg
+from . import _deferring, _inplace, _linalg
 from .._algorithms import _views
 from ._inplace import follow
 from ._stats import logaddexp_reduce
@@ -96,6 +96,10 @@ def _array_ufunc(ufunc, method, *operands, **kwargs):
         if method == "reduce" and ufunc in (np.logaddexp, np.logaddexp2):
             return logaddexp_reduce(ufunc, *operands, **kwargs)
         return _ufunc_methods.method(ufunc, method, operands, kwargs)
+    if ufunc is np.isnan and len(operands) == 1 and not kwargs:
+        deferred = _deferring.isnan(operands[0])
+        if deferred is not None:
+            return deferred
     gufunc = _linalg.GUFUNCS.get(ufunc)
     if (gufunc is not None and len(operands) == 2 and set(kwargs) <= gufunc[1]
             and all(type(x) is DTensor for x in operands)):

@@ -26,6 +26,7 @@ from .. import _C, _registry
 from .._dtensor import DTensor
 from .._algorithms import _dispatch as D
 from .._algorithms import _lanes, _merge
+from . import _deferring
 from ._inplace import write_result
 
 # name -> (NumPy function, DTensor method or None, reduce op (-1: gathered), partial
@@ -73,14 +74,9 @@ def _reduce(name, a, axis, keepdims, out, extra):
         return _merge.extreme(fname, a, tuple(range(ndim)) if axes is None else axes,
                               keepdims, _EXTREMES[name])
     if name in _EXTREMES and not extra:
-        pending = _C.claim_deferred(a)
-        if pending is not None:
-            try:
-                fused = _extreme_of_selection(name, func, a, pending, axes, keepdims)
-            finally:
-                _C.defer(pending)
-            if fused is not None:
-                return fused
+        fused = _deferring.extreme(func, _LOCAL[name], a, axes, keepdims, _EXTREMES[name])
+        if fused is not None:
+            return fused
     if name in ("argmax", "argmin"):
         return D.execute(func, (a,), axis=None if axes is None else axes[0],
                          keepdims=keepdims)
@@ -89,45 +85,6 @@ def _reduce(name, a, axis, keepdims, out, extra):
 
 # max and min: whether each is the largest; their Partial has no identity in NumPy.
 _EXTREMES = {"max": True, "amax": True, "min": False, "amin": False}
-
-
-def _extreme_of_selection(name, func, a, pending, axes, keepdims):
-    """max/min of ``a``, a deferred ``where`` (mpitensor._deferred) whose scalar is
-    the extreme's identity (-inf for max, +inf for min), read from the where's
-    operands: the extreme of the array operand, over the elements the selection
-    takes from it (NumPy's reduce with ``where=`` and the scalar as ``initial``).
-    Where the selection never takes the scalar, that is the array operand's own
-    extreme. A result with a zero or a NaN, whose bits follow the order of the
-    comparisons, is the eager one, from the selection computed. None when the
-    scalar is another value. Collective as the reduction is."""
-    largest = _EXTREMES[name]
-    scalar = pending.scalar()
-    if a._spec.dtype.kind != "f" or scalar != (np.inf if not largest else -np.inf):
-        return None
-    block, local = pending.operand(), _LOCAL[name]
-    if not pending.scalar_taken():
-        def extreme(arr, axis=None, keepdims=False):
-            return local(_same(arr, block), axis=axis, keepdims=keepdims)
-    else:
-        taken = pending.operand_taken()
-        ufunc = np.maximum if largest else np.minimum
-
-        def extreme(arr, axis=None, keepdims=False):
-            r = ufunc.reduce(_same(arr, block), axis=axis, keepdims=keepdims, where=taken,
-                             initial=scalar)
-            if np.count_nonzero(r) == np.size(r) and not np.isnan(r).any():
-                return r
-            return local(pending.result(), axis=axis, keepdims=keepdims)
-    return D.execute(func, (DTensor(block, a._spec),), local=extreme, axis=axes,
-                     keepdims=keepdims)
-
-
-def _same(arr, block):
-    """``block``, which the executor passes on unmoved: the reduction of a Shard or
-    Replicate input moves nothing."""
-    if arr is not block:
-        raise RuntimeError("a deferred selection's operand was moved before its reduction")
-    return arr
 
 
 def _extreme_over_empty_shards(a, axes) -> bool:

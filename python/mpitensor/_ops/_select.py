@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _C, _modes, _registry
+from .. import _registry
 from .._clib import CORE
-from .._deferred import Deferred
 from .._dtensor import DTensor
-from .._dtensor_spec import DTensorSpec, contiguous_strides
+from .._dtensor_spec import DTensorSpec
 from ..placement_types import Partial
 from .._algorithms import _dispatch as D
-from .._algorithms import _views
-from . import _nonzero
+from . import _deferring, _nonzero
 from ._inplace import write_result
 from ._strided import is_strided, on_expansion
 
@@ -70,56 +68,12 @@ def where(condition, x=None, y=None):
         return _nonzero.nonzero(condition)
     if x is None or y is None:
         raise _registry.NoRule("numpy.where on DTensors needs x and y, or neither")
-    deferred = _deferred_where(condition, x, y)
+    deferred = _deferring.where(condition, x, y)
     if deferred is not None:
         return deferred
     return _run_elementwise("numpy.where", "where", (condition, x, y), np.where)
 
 
-def _deferred_where(condition, x, y):
-    """``where(condition, x, y)`` as a DTensor whose block waits to be computed
-    (mpitensor._deferred), or None to compute it now: for a bool condition laid
-    out as the one DTensor operand, the other a scalar of its dtype, both arrays
-    held by their DTensors alone and without copy-views (_views), while no tool
-    traces. Nothing moves either way, so each rank may choose by itself. Local."""
-    tensor, scalar = (x, y) if type(x) is DTensor and type(y) is not DTensor else (y, x)
-    if (type(condition) is not DTensor or type(tensor) is not DTensor or _modes.tracing
-            or condition._requires_grad or tensor._requires_grad):
-        return None
-    spec, cspec = tensor._spec, condition._spec
-    if (cspec.dtype != np.bool_ or cspec.shape != spec.shape or cspec.mesh is not spec.mesh
-            or cspec.placements != spec.placements or cspec.stride != spec.stride
-            or spec.stride != contiguous_strides(spec.shape)
-            or any(p.is_partial() for p in spec.placements)):
-        return None
-    if type(scalar) is DTensor:
-        if (scalar.ndim or scalar._requires_grad or scalar._spec.mesh is not spec.mesh
-                or not all(p.is_replicate() for p in scalar._spec.placements)):
-            return None
-        scalar = scalar._data()
-    if type(scalar) is np.ndarray:
-        if scalar.ndim:
-            return None
-        scalar = scalar.copy()
-    elif not D.is_scalar(scalar):
-        return None
-    # A floating-point error state that raises makes the executor agree after each
-    # local function, a collective every rank must then take alike.
-    if np.result_type(scalar, spec.dtype) != spec.dtype or _C.errstate_raises():
-        return None
-    _C.settle_deferred()
-    if not (_C.exclusive(condition) and _C.exclusive(tensor)):
-        return None
-    block, mask = tensor._local_tensor, condition._local_tensor
-    if block.size < _DEFER_MIN_SIZE or _views.viewed(block) or _views.viewed(mask):
-        return None
-    pending = Deferred(mask, scalar, block) if tensor is y else Deferred(mask, block, scalar)
-    _C.defer(pending)
-    return DTensor(pending, spec)
-
-
-# Below this many elements a block is as quick to write as to defer.
-_DEFER_MIN_SIZE = 1 << 15
 
 
 def clip_bounds(a_min, a_max, min, max) -> tuple:
