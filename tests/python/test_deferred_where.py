@@ -109,6 +109,9 @@ WRITES = {
     "_local_tensor": lambda x, m: x._local_tensor.__setitem__(0, 9.0),
     "a view": lambda x, m: x[1:4].__setitem__(Ellipsis, -1.0),
     "the mask": lambda x, m: m.__setitem__(Ellipsis, True),
+    "fill": lambda x, m: x.fill(2.0),
+    "ufunc.at": lambda x, m: np.add.at(x, (np.array([0, 1]),), 1.0),
+    "put": lambda x, m: np.put(x, [0, 5], [1.0, 2.0]),
 }
 
 

@@ -22,6 +22,7 @@ from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._algorithms import _dispatch as D
 from .._algorithms import _views
+from ..placement_types import Replicate, Shard
 
 __all__ = ["isnan", "where", "extreme"]
 
@@ -29,13 +30,15 @@ __all__ = ["isnan", "where", "extreme"]
 # sends isnan of a block this large here).
 MIN_SIZE = _C.DEFER_MIN_SIZE
 _BOOL = np.dtype(np.bool_)
+_PLAIN = (Shard, Replicate)
 
 
 def _plain(t) -> bool:
-    """A DTensor this rank may defer on: no gradient, no Partial, C-contiguous."""
+    """A DTensor this rank may defer on: no gradient, Shard or Replicate placements
+    only (its reduction then reads the block as it is), C-contiguous."""
     spec = t._spec
     return (not t._requires_grad and spec.stride == contiguous_strides(spec.shape)
-            and not any(p.is_partial() for p in spec.placements))
+            and all(type(p) in _PLAIN for p in spec.placements))
 
 
 def _quiet() -> bool:
