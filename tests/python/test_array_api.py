@@ -103,6 +103,7 @@ def test_asarray_copy_semantics(mesh):
         own = xp.asarray(ref, copy=True)
     assert np.shares_memory(shared.to_local(), ref)
     assert not np.shares_memory(own.to_local(), ref)
+    assert own.to_local().base is None  # this rank's part copied alone
     assert xp.asarray(shared) is shared and xp.asarray(shared, copy=True) is not shared
     assert xp.asarray(shared, dtype=xp.float32).dtype == np.float32
     with pytest.raises(ValueError):

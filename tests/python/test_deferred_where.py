@@ -164,6 +164,16 @@ def test_memory_another_array_shares_is_never_deferred(computed):
     assert computed == []
 
 
+def test_a_copy_by_asarray_is_deferred_on(computed):
+    mesh = mesh_of((W,))
+    a = data("plain")
+    with mesh:
+        x = xp.asarray(a, copy=True)
+    got = xp.min(xp.where(xp.isnan(x), np.inf, x), axis=0).full_tensor()
+    assert got.tobytes() == a.min(0).tobytes()
+    assert computed == []
+
+
 def test_a_raising_error_state_computes_it_now(computed):
     mesh = mesh_of((W,))
     a = data("nan")

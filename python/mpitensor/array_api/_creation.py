@@ -82,7 +82,7 @@ def asarray(obj, /, *, dtype=None, device=None, copy=None) -> DTensor:
     sequence, buffer or ndarray, as ``np.asarray`` takes them). A DTensor keeps its
     mesh and placements (cast if ``dtype`` differs); anything else is cut along its
     first dim, each rank keeping its part; an ndarray's part is a view of it unless
-    ``copy=True``. Values a DTensor cannot hold (dates, times, strings, objects)
+    ``copy=True`` (then each rank copies its part alone). Values a DTensor cannot hold (dates, times, strings, objects)
     stay NumPy's array, as NumPy's namespace gives them: xarray hands its
     coordinates over so (``idxmax``). Local.
 
@@ -105,11 +105,15 @@ def asarray(obj, /, *, dtype=None, device=None, copy=None) -> DTensor:
             and not hasattr(obj, "__array__"):
         obj = np.from_dlpack(obj, copy=copy)
     # copy= as np.asarray takes it in NumPy 2; NumPy 1.x's asarray has no copy=.
-    arr = np.array(obj, dtype=dtype) if copy else np.asarray(
-        obj, dtype=dtype, **({} if copy is None else {"copy": copy}))
+    arr = np.asarray(obj, dtype=dtype, **({} if copy is None else {"copy": copy and None}))
     if not _args.holds(arr.dtype):
-        return arr
-    return _distributed(arr, device)
+        return arr.copy() if copy and arr is obj else arr
+    out = _distributed(arr, device)
+    if copy:
+        # Each rank copies its own rows only, into an array its DTensor alone holds
+        # (which a where may then defer on: mpitensor._ops._deferring).
+        out = DTensor(out._local_tensor.copy(), out._spec)
+    return out
 
 
 def array(object, dtype=None, *, copy=True, order="K", subok=False, ndmin=0,  # noqa: A002
