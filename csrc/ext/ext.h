@@ -589,6 +589,10 @@ int mt_ext_settle(mt_ext_dispatch *d);
 /* The size from which a block may wait (_C.DEFER_MIN_SIZE): below it, writing
  * the block costs less than the deferring. */
 enum { MT_EXT_DEFER_MIN_SIZE = 1 << 15 };
+/* Whether copy-views made of the memory `local` lies in have records (the modes'
+ * copy_views): a write into it must reach them, which only Python's write does.
+ * -1 with an exception. */
+int mt_ext_has_copy_views(const mt_ext_modes *m, PyObject *local);
 /* Puts the computed array of the Deferred in `b`'s slot in its place. */
 int mt_ext_complete_deferred(mt_ext_dispatch *d, mt_ext_dtensor *b);
 

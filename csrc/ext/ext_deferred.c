@@ -30,6 +30,23 @@ int mt_ext_complete_deferred(mt_ext_dispatch *d, mt_ext_dtensor *b) {
   return 0;
 }
 
+/* Whether copy-views made of the memory `local` lies in (the last ndarray of its
+ * chain of bases, as mpitensor._registry.memory_of finds it) have records: then
+ * a write into it must reach those views, or learn on every rank that none
+ * lives, which only Python's write does. -1 with an exception. */
+int mt_ext_has_copy_views(const mt_ext_modes *m, PyObject *local) {
+  if (m->copy_views == NULL || PyDict_GET_SIZE(m->copy_views) == 0) return 0;
+  PyObject *memory = local, *base;
+  while ((base = PyArray_BASE((PyArrayObject *)memory)) != NULL &&
+         Py_IS_TYPE(base, &PyArray_Type))
+    memory = base;
+  PyObject *key = PyLong_FromVoidPtr(memory); /* its id() */
+  PyObject *records = key != NULL ? PyDict_GetItemWithError(m->copy_views, key) : NULL;
+  Py_XDECREF(key);
+  if (records == NULL) return PyErr_Occurred() ? -1 : 0;
+  return !PyList_Check(records) || PyList_GET_SIZE(records) > 0;
+}
+
 static mt_ext_dtensor *dtensor_arg(mt_ext_dispatch *d, PyObject *o) {
   if (d->dtensor == NULL) {
     PyErr_SetString(PyExc_RuntimeError, "mpitensor._C.dispatch_init was not called");
@@ -68,17 +85,21 @@ static PyObject *claim_deferred(PyObject *module, PyObject *o) {
 
 /* Whether `o`'s local array is one no other object can write: an ndarray that owns
  * its writable, C-contiguous memory, referenced by the DTensor alone (a view of it
- * would hold a reference). */
+ * would hold a reference), without copy-views (whose writes reach it). */
 static PyObject *exclusive(PyObject *module, PyObject *o) {
-  mt_ext_dtensor *b = dtensor_arg(mt_ext_dispatch_module(module), o);
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  mt_ext_dtensor *b = dtensor_arg(d, o);
   if (b == NULL) return NULL;
   PyObject *local = b->local;
   int flags = local != NULL && PyArray_CheckExact(local)
                   ? PyArray_FLAGS((PyArrayObject *)local)
                   : 0;
   int need = NPY_ARRAY_OWNDATA | NPY_ARRAY_WRITEABLE | NPY_ARRAY_C_CONTIGUOUS;
-  return PyBool_FromLong((flags & need) == need && Py_REFCNT(local) == 1 &&
-                         PyArray_BASE((PyArrayObject *)local) == NULL);
+  if ((flags & need) != need || Py_REFCNT(local) != 1 ||
+      PyArray_BASE((PyArrayObject *)local) != NULL)
+    Py_RETURN_FALSE;
+  int views = mt_ext_has_copy_views(d->modes, local);
+  return views < 0 ? NULL : PyBool_FromLong(!views);
 }
 
 PyMethodDef mt_ext_deferred_methods[] = {
@@ -94,6 +115,6 @@ PyMethodDef mt_ext_deferred_methods[] = {
      "Local."},
     {"exclusive", exclusive, METH_O,
      "exclusive(dtensor): whether its local array owns its writable, C-contiguous "
-     "memory and nothing but the DTensor references it. Local."},
+     "memory, nothing but the DTensor references it and it has no copy-views. Local."},
     {NULL, NULL, 0, NULL},
 };

@@ -144,23 +144,6 @@ static int agree(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *const
   return r == NULL ? -1 : 0;
 }
 
-/* Whether copy-views made of the memory `local` lies in (the last ndarray of its
- * chain of bases, as mpitensor._registry.memory_of finds it) have records: then
- * a write into it must reach those views, or learn on every rank that none
- * lives, which only Python's write does. -1 with an exception. */
-static int has_copy_views(const mt_ext_modes *m, PyObject *local) {
-  if (m->copy_views == NULL || PyDict_GET_SIZE(m->copy_views) == 0) return 0;
-  PyObject *memory = local, *base;
-  while ((base = PyArray_BASE((PyArrayObject *)memory)) != NULL &&
-         Py_IS_TYPE(base, &PyArray_Type))
-    memory = base;
-  PyObject *key = PyLong_FromVoidPtr(memory); /* its id() */
-  PyObject *records = key != NULL ? PyDict_GetItemWithError(m->copy_views, key) : NULL;
-  Py_XDECREF(key);
-  if (records == NULL) return PyErr_Occurred() ? -1 : 0;
-  return !PyList_Check(records) || PyList_GET_SIZE(records) > 0;
-}
-
 /* ufunc(*ops, out=o) run by the executor itself, when that is all the call is:
  * its operands are DTensors of o's mesh (one at least) and scalars, this rank
  * is a member of the mesh, o's local array is a writable ndarray of a memory
@@ -177,7 +160,7 @@ static int into_layout(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *ufun
       sig->op.family != MT_OP_ELEMENTWISE || !PyArray_CheckExact(b->local) ||
       !PyArray_ISWRITEABLE((PyArrayObject *)b->local))
     return 0;
-  int views = has_copy_views(m, b->local);
+  int views = mt_ext_has_copy_views(m, b->local);
   if (views != 0) {
     if (views < 0) PyErr_Clear(); /* the Python door raises what it must */
     return 0;
@@ -280,7 +263,6 @@ static int into_bool(const mt_ext_dispatch *d, PyObject *const *ops, Py_ssize_t 
   return 0;
 }
 
-/* A ufunc call; `agreed`: it needs no agreement (an operator's). */
 /* Whether `o` is large enough that its blocks may wait for the reduction that
  * reads them (mpitensor._ops._deferring, whose Python entry decides on each rank).
  * By the global size, so that every rank takes the same door and agrees alike. */
@@ -299,6 +281,7 @@ static int may_defer(const mt_ext_dispatch *d, PyObject *o) {
   return size >= MT_EXT_DEFER_MIN_SIZE;
 }
 
+/* A ufunc call; `agreed`: it needs no agreement (an operator's). */
 static PyObject *ufunc_call(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
                             Py_ssize_t n, PyObject *kwnames, int agreed) {
   if (n == 2 && ufunc == d->ufunc[MT_UF_power] && !into_bool(d, ops, n, kwnames) &&
@@ -425,7 +408,7 @@ static PyObject *reduce(mt_ext_dispatch *d, int method, PyObject *self,
   mt_ext_sig *sig = &d->sigs[d->reduction_sig[method]];
   PyObject *axis, *keepdims;
   mt_ext_call c;
-  /* A waiting selection's reduction may read its operands (mpitensor._ops._reductions). */
+  /* A waiting selection's reduction may read its operands (mpitensor._ops._deferring). */
   if (sig->user_rule || reduction_args(d, sig, args, nargs, kwnames, &axis, &keepdims) < 0 ||
       (d->deferred != NULL && ((mt_ext_dtensor *)self)->local == d->deferred))
     return reduction_entry(d, sig, self, args, nargs, kwnames);

@@ -49,7 +49,7 @@ from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec
 
 __all__ = ["link", "keep", "keep_each", "shared", "fresh", "relink", "relink_plain", "release",
-           "write", "writes", "written", "layout_changed", "viewed", "CHANGED"]
+           "write", "writes", "written", "layout_changed", "CHANGED"]
 
 
 class _Link:
@@ -503,15 +503,6 @@ def relink_plain(res, pairs: list) -> None:
         relink(copy, copy, orig, Ellipsis)
         for local in viewing:
             local.flags.writeable = False
-
-
-def viewed(local: np.ndarray) -> bool:
-    """Whether the memory ``local`` lies in has live copy-views, which its writes
-    refresh and whose writes reach it. Local.
-
-    Example: ``viewed(x._local_tensor)`` after ``v = x[1:]`` cut a sharded dim.
-    """
-    return id(_memory(local)) in _records
 
 
 def release(dt: DTensor) -> DTensor:

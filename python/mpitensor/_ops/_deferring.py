@@ -23,7 +23,6 @@ from .._deferred import Deferred
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._algorithms import _dispatch as D
-from .._algorithms import _views
 from ..placement_types import Replicate, Shard
 
 __all__ = ["isnan", "where", "extreme"]
@@ -51,12 +50,12 @@ def _quiet() -> bool:
 
 
 def _owned(t):
-    """``t``'s block when only ``t`` holds it (no view, no copy-view) and it is
-    large enough, else None."""
+    """``t``'s block when only ``t`` holds it (no view, no copy-view: _C.exclusive)
+    and it is large enough, else None."""
     if not _C.exclusive(t):
         return None
     block = t._local_tensor
-    return block if block.size >= MIN_SIZE and not _views.viewed(block) else None
+    return block if block.size >= MIN_SIZE else None
 
 
 def isnan(x):
