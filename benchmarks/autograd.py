@@ -4,7 +4,7 @@ without grad, interleaved in one run, beside NumPy on the local arrays.
 
     OPENBLAS_NUM_THREADS=1 mpiexec -n 2 python benchmarks/autograd.py [--calls 2000] [--reps 15]
 
-The target (issue 18): recording adds at most 5 us per operation; without any
+The target: recording adds at most 5 us per operation; without any
 input requiring grad the operation costs what it did (benchmarks/dispatch.py).
 Also reported: one backward through a chain of the operations, per operation.
 Writes benchmarks/results/<cpu>/autograd-np{N}.json.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Distributed linear algebra (issue 45) against Heat and against NumPy in one
+"""Distributed linear algebra against Heat and against NumPy in one
 process, the peers in the same processes.
 
     OPENBLAS_NUM_THREADS=1 mpiexec --oversubscribe -n 2 .venv/bin/python \

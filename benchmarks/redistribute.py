@@ -52,7 +52,7 @@ from _common import (result_path, init_gloo, machine,  # benchmarks/ is sys.path
 KiB, MiB = 1024, 1024 * 1024
 COLS = 512
 
-# Issue 21's goals, written here only: --goals (make bench-check) gives each point
+# The goals of redistribute's speed, written here only: --goals (make bench-check) gives each point
 # a goal covers PASS or FAIL (at np 2; at other np against the committed run,
 # watch_verdicts), the points record them as their targets and the plot draws the
 # ratio limits. (name, transitions, from bytes/rank, up to bytes/rank,
@@ -706,7 +706,7 @@ def print_goals(rows, np_, against=None) -> bool:
     memory goal counts only when the run measured memory. `against`: the commit of
     the run a regression watch compares with (watch_verdicts)."""
     watch = against is not None
-    print(f"\nissue 21's goals at np={np_}" + (
+    print(f"\nthe goals at np={np_}" + (
         f", as a regression watch: no worse than the committed run ({against}) by more "
         f"than its spread" if watch else "") + ", per point:")
     for r in rows:
@@ -888,7 +888,7 @@ def main(argv=None):
                     help="comma-separated bytes/rank to time instead of the powers of 4 "
                     "from --min-bytes to --max-bytes")
     ap.add_argument("--goals", action="store_true",
-                    help="print PASS or FAIL per goal of issue 21 and exit 1 unless all "
+                    help="print PASS or FAIL per goal (GOALS) and exit 1 unless all "
                     "pass (make bench-check)")
     args = ap.parse_args(argv)
 

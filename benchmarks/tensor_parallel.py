@@ -24,7 +24,7 @@ Barrier, each time the max over ranks:
               gloo, one thread per rank.
 
 Reported per (model, hidden): median and [min..max] over repetitions of each time,
-``speedup = single / tp`` and ``torch / tp``. Targets (issue 5): speed-up >= 1.6x at
+``speedup = single / tp`` and ``torch / tp``. Targets: speed-up >= 1.6x at
 np 2 for hidden >= 2048; tp no slower than torch at any size.
 Ours calls the BLAS mpitensor.nn chose at import (MPITENSOR_BLAS; printed first
 and stored in the JSON). Writes benchmarks/results/<cpu>/tensor_parallel-np{N}[-torch].json.

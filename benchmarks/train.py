@@ -31,7 +31,7 @@ Reported per hidden size: median and [min..max] of each time, ``speedup = single
 mt`` (np 1 -> np N), ``torch / mt``, and each variant's peak memory of a step on
 rank 0: the bytes of its parameters, gradients and optimizer state plus the rise
 of the process's peak RSS during the step (mpitensor.debug.peak_rss_growth), with
-``mt / torch``. Targets (issue 18, np 2): torch/mt >= 1.0, speedup >= 1.6x, memory
+``mt / torch``. Targets (np 2): torch/mt >= 1.0, speedup >= 1.6x, memory
 within 1.2x of torch's. Writes benchmarks/results/<cpu>/train-np{N}.json.
 
 ``--param-dtype bfloat16`` (or float16) instead counts one step's collectives with

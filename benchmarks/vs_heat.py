@@ -110,7 +110,7 @@ OPS = [
     Op("argmax(axis=0)", "replicated", lambda n, p: [normal(matrix(n, p))],
        lambda g: np.argmax(g, 0), lambda mesh, x: full(mesh, np.argmax(x, 0)),
        lambda ht, x: ht.argmax(x, 0)),
-    # the rules of issue 44 that Heat has too
+    # operations whose elements cross shard boundaries, which Heat has too
     Op("roll (1-D)", "Shard(0) / split=0", lambda n, p: [normal((n * p,))],
        lambda g: np.roll(g, 3), lambda mesh, x: np.roll(x, 3), lambda ht, x: ht.roll(x, 3)),
     Op("diff (1-D)", "Shard(0) / split=0", lambda n, p: [normal((n * p,))], np.diff,
