@@ -503,11 +503,12 @@ def call_cost(results: dict) -> str:
     out = []
     for n, torch, data in runs_of(results, "call_cost"):
         base = data["machine"].get("base_commit")
-        rows = [[f"`{r['call']}`", stat(r["this"]), stat(r["base"]) if "base" in r else ""]
+        rows = [[f"`{r['call']}`", stat(r["this"])] + ([stat(r["base"])] if base else [])
                 for r in data["rows"]]
         out.append(f"np {n}, microseconds over NumPy's call on the local block, median "
                    f"[min..max] over rounds\n\n"
-                   + table(["call", "this commit", f"commit `{base}`" if base else ""], rows))
+                   + table(["call", "this commit"] + ([f"commit `{base}`"] if base else []),
+                           rows))
     return "\n".join(out)
 
 
