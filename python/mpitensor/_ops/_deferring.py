@@ -83,14 +83,14 @@ def where(condition, x, y):
 
     Example: ``where(mask, np.inf, x)`` for a mask and an ``x`` that own their blocks.
     """
+    # First what costs least and turns most calls away: a small array (the mask's
+    # shape is the result's).
+    if type(condition) is not DTensor or math.prod(condition._spec.shape) < MIN_SIZE:
+        return None
     tensor, scalar = (x, y) if type(x) is DTensor and type(y) is not DTensor else (y, x)
-    if type(condition) is not DTensor or type(tensor) is not DTensor:
+    if type(tensor) is not DTensor or not _plain(condition) or not _plain(tensor) or not _quiet():
         return None
     spec, cspec = tensor._spec, condition._spec
-    # First what costs least and turns most calls away: a small array.
-    if (math.prod(spec.shape) < MIN_SIZE or not _plain(condition) or not _plain(tensor)
-            or not _quiet()):
-        return None
     if (cspec.dtype != _BOOL or cspec.shape != spec.shape or cspec.mesh is not spec.mesh
             or cspec.placements != spec.placements):
         return None
