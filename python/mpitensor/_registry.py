@@ -104,19 +104,22 @@ def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
     global viewing
     outer = viewing
     # Every call a program makes pays for this function: the agreement is one C
-    # call, and without a DebugMode the entry runs without _traced's hop.
+    # call, and the usual call (no DebugMode, no plain ndarray to replicate, no
+    # error state to agree on) goes to the entry directly.
     if caller is None:
-        flags, call_flags = 0, -1
+        flags, call_flags = 0, _C.call_flags(args, kwargs)
     else:
         flags = _call_agreement.agree_call(name or _names.get(func) or _label(func, args),
                                            args, kwargs, caller)
         call_flags = flags >> _call_agreement.CALL_FLAGS
-    viewing = (func, flags) if flags & _call_agreement.PROGRAM else None
+    viewing = (func, flags) if flags & _PROGRAM else None
     try:
-        if flags & _call_agreement.PROGRAM and _C.errstate_raises():
+        if flags & _PROGRAM and _C.errstate_raises():
             return _errors_agreed(func, args, kwargs, name, lambda: _door_run(
                 func, args, kwargs, name, flags, call_flags))
-        return _door_run(func, args, kwargs, name, flags, call_flags)
+        if flags & _DOOR_PLAIN or _modes.recorders:
+            return _door_run(func, args, kwargs, name, flags, call_flags)
+        return _entry(func, args, kwargs, name, False, call_flags)
     finally:
         viewing = outer
 
@@ -328,6 +331,7 @@ _C_METHODS = {getattr(np, name): getattr(_C.DTensorBase, name)
 _METHOD_KEYWORDS = frozenset(("axis", "keepdims"))
 _STRIDED, _GRAD, _MESHES, _PLAIN = (_call_agreement.CALL_STRIDED, _call_agreement.CALL_GRAD,
                                     _call_agreement.CALL_MESHES, _call_agreement.CALL_PLAIN)
+_PROGRAM, _DOOR_PLAIN = _call_agreement.PROGRAM, _call_agreement.PLAIN
 
 
 def _run(func, args: tuple, kwargs: dict, from_c: bool, flags: int = -1):
