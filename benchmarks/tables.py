@@ -512,7 +512,21 @@ def call_cost(results: dict) -> str:
     return "\n".join(out)
 
 
-TABLES = {"agree": agree, "call_cost": call_cost, "sklearn_fit": sklearn_fit,
+def call_instructions(results: dict) -> str:
+    """The instructions of the same calls over NumPy's on the local block, counted
+    by callgrind at np 1 (benchmarks/call_instructions.py), beside another commit."""
+    out = []
+    for n, torch, data in runs_of(results, "call_instructions"):
+        base = data["machine"].get("base_commit")
+        rows = [[f"`{r['call']}`", f"{r['numpy']:,}", f"{r['this']:,}"]
+                + ([f"{r['base']:,}"] if base else []) for r in data["rows"]]
+        out.append(f"np {n}, instructions per call\n\n"
+                   + table(["call", "NumPy on the block", "over NumPy, this commit"]
+                           + ([f"over NumPy, commit `{base}`"] if base else []), rows))
+    return "\n".join(out)
+
+
+TABLES = {"agree": agree, "call_cost": call_cost, "call_instructions": call_instructions, "sklearn_fit": sklearn_fit,
           "redistribute": redistribute, "dispatch": dispatch,
           "tensor_parallel": tensor_parallel, "checkpoint": checkpoint,
           "context_parallel": context_parallel, "debug": debug, "train": train, "autograd": autograd,
