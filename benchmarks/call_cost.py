@@ -134,6 +134,22 @@ def run_round(python: Path, nprocs: int, reps: int, inner: int) -> dict:
     return result
 
 
+def driver_checkouts(base: Path | None) -> dict:
+    """{"this": this checkout, "base": ``base``} (no "base" when None), for a driver
+    that starts one worker per checkout with that checkout's ``.venv``; the driver
+    itself must not start MPI, so it is kept from doing so here. Local.
+
+    Example: ``for key, root in driver_checkouts(args.base).items(): ...``.
+    """
+    import mpi4py
+    mpi4py.rc.initialize = False
+    sys.path.insert(0, str(HERE))
+    checkouts = {"this": HERE.parent}
+    if base is not None:
+        checkouts["base"] = base.resolve()
+    return checkouts
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--np", type=int, default=2)
@@ -148,14 +164,8 @@ def main() -> int:
     if args.worker:
         worker(args.worker, args.reps, args.inner)
         return 0
-    # The driver only starts workers: it must not start MPI itself.
-    import mpi4py
-    mpi4py.rc.initialize = False
-    sys.path.insert(0, str(HERE))
+    checkouts = driver_checkouts(args.base)
     from _common import machine_line, result_path, write_result
-    checkouts = {"this": HERE.parent}
-    if args.base is not None:
-        checkouts["base"] = args.base.resolve()
     rounds = {k: [] for k in checkouts}
     for _ in range(args.rounds):
         for key, root in checkouts.items():

@@ -107,14 +107,9 @@ def main() -> int:
     if args.worker:
         worker(args.worker, args.calls)
         return 0
-    # The driver only starts workers: it must not start MPI itself.
-    import mpi4py
-    mpi4py.rc.initialize = False
-    sys.path.insert(0, str(HERE))
+    from call_cost import driver_checkouts  # benchmarks/ is sys.path[0]
+    checkouts = driver_checkouts(args.base)
     from _common import machine_line, result_path, write_result
-    checkouts = {"this": HERE.parent}
-    if args.base is not None:
-        checkouts["base"] = args.base.resolve()
     counted = {k: count(root / ".venv" / "bin" / "python", root, args.calls)
                for k, root in checkouts.items()}
     info = counted["this"]["machine"]
