@@ -83,8 +83,8 @@ def where(condition, x, y):
 
     Example: ``where(mask, np.inf, x)`` for a mask and an ``x`` that own their blocks.
     """
-    # First what costs least and turns most calls away: a small array (the mask's
-    # shape is the result's).
+    # First what costs least and turns most calls away: a small mask (one of
+    # another shape than the tensor's is turned away below anyway).
     if type(condition) is not DTensor or math.prod(condition._spec.shape) < MIN_SIZE:
         return None
     tensor, scalar = (x, y) if type(x) is DTensor and type(y) is not DTensor else (y, x)
