@@ -191,7 +191,11 @@ void mt_ext_dtensor_free_all(mt_ext_dispatch *d);
  * backward when it has one (register_backward). */
 typedef struct mt_ext_sig {
   PyObject *func;   /* the ufunc, or the NumPy reduction (numpy.sum) */
-  PyObject *method; /* reduction: ndarray's method (local array first), or NULL */
+  PyObject *method; /* reduction: ndarray's method (local array first) or the
+                     * registered local function, or NULL */
+  PyObject *small;  /* reduction: what runs instead on a local array of fewer than
+                     * small_size elements, or NULL */
+  Py_ssize_t small_size;
   int64_t id;       /* its op id in the memo */
   mt_op_sig op;
   int nin, nout;  /* ufunc */

@@ -243,8 +243,13 @@ static PyObject *call_local(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ex
     rs->args[n++] = box;
   }
   Py_ssize_t nkw = op->kwnames != NULL ? PyTuple_GET_SIZE(op->kwnames) : 0;
+  PyObject *func = op->func;
+  const mt_ext_sig *sig = op->sig;
+  if (sig != NULL && sig->small != NULL && func == sig->method && PyArray_Check(rs->args[0]) &&
+      PyArray_SIZE((PyArrayObject *)rs->args[0]) < sig->small_size)
+    func = sig->small; /* a block the registered local would hand to it anyway */
   PyObject *allocator = mt_ext_pool_enter(d->module, rs->args, c->noperands);
-  PyObject *res = mt_ext_hook(d, MT_HOOK_LOCAL, op->func, rs->args, (size_t)(n - nkw),
+  PyObject *res = mt_ext_hook(d, MT_HOOK_LOCAL, func, rs->args, (size_t)(n - nkw),
                               op->kwnames);
   mt_ext_pool_leave(allocator);
   Py_XDECREF(box);

@@ -77,18 +77,18 @@ static PyObject *register_ufunc(PyObject *module, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* register_reduction(func, method, reduce_op, partial_rule, partial_ops, even_only,
- * local=None): `method` names the DTensorBase reduction method it backs, or is None;
- * `local`, when given, runs on the local array in its place (ndarray's method, else
- * `func`), called as the method is. */
+/* register_reduction(func, method, reduce_op, partial_rule, partial_ops, even_only):
+ * `method` names the DTensorBase reduction method it backs, or is None; the local
+ * array is reduced by ndarray's method of that name (else `func`) until
+ * set_reduction_local says otherwise. */
 static PyObject *register_reduction(PyObject *module, PyObject *args) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
-  PyObject *func, *local = Py_None;
+  PyObject *func;
   const char *method;
   mt_reduction_rule rule;
   unsigned int ops;
-  if (!PyArg_ParseTuple(args, "OziiIp|O:register_reduction", &func, &method,
-                        &rule.reduce_op, &rule.partial_rule, &ops, &rule.even_only, &local))
+  if (!PyArg_ParseTuple(args, "OziiIp:register_reduction", &func, &method, &rule.reduce_op,
+                        &rule.partial_rule, &ops, &rule.even_only))
     return NULL;
   rule.partial_ops = ops;
   int m = 0;
@@ -107,7 +107,25 @@ static PyObject *register_reduction(PyObject *module, PyObject *args) {
     sig->int_axis = strncmp(method, "arg", 3) == 0;
     d->reduction_sig[m] = (int)(sig - d->sigs);
   }
-  if (local != Py_None) Py_XSETREF(sig->method, Py_NewRef(local));
+  Py_RETURN_NONE;
+}
+
+/* set_reduction_local(func, local, small, small_size): the registered reduction
+ * `func`'s local array reduced by `local`, called as ndarray's method is, except
+ * one of fewer than `small_size` elements, reduced by `small`: where `local` only
+ * adds its own call around the same result. */
+static PyObject *set_reduction_local(PyObject *module, PyObject *args) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  PyObject *func, *local, *small;
+  Py_ssize_t small_size;
+  if (!PyArg_ParseTuple(args, "OOOn:set_reduction_local", &func, &local, &small, &small_size))
+    return NULL;
+  mt_ext_sig *sig = mt_ext_sig_of(d, func);
+  if (sig == NULL || sig->op.family != MT_OP_REDUCTION)
+    return PyErr_Format(PyExc_ValueError, "%R is not a registered reduction", func);
+  Py_XSETREF(sig->method, Py_NewRef(local));
+  Py_XSETREF(sig->small, Py_NewRef(small));
+  sig->small_size = small_size;
   Py_RETURN_NONE;
 }
 
@@ -212,10 +230,14 @@ PyMethodDef mt_ext_ops_methods[] = {
      "register_ufunc(ufunc, family, kind): a ufunc's signature (FAMILY_ELEMENTWISE with "
      "an ELEMENTWISE_* kind, or FAMILY_MATMUL). Local."},
     {"register_reduction", register_reduction, METH_VARARGS,
-     "register_reduction(func, method, reduce_op, partial_rule, partial_ops, even_only, "
-     "local=None): "
+     "register_reduction(func, method, reduce_op, partial_rule, partial_ops, even_only): "
      "a reduction's signature and the DTensor method it backs (reduce_op -1: the "
      "reduced dims are merged by its Python entry). Local."},
+    {"set_reduction_local", set_reduction_local, METH_VARARGS,
+     "set_reduction_local(func, local, small, small_size): the registered reduction's "
+     "local arrays reduced by `local` in place of ndarray's method, those of fewer "
+     "than `small_size` elements by `small`. Local.\n\n"
+     "Example: _C.set_reduction_local(numpy.sum, local_sum, numpy.ndarray.sum, 8192)"},
     {"register_grad", register_grad, METH_VARARGS,
      "register_grad(func, name, backward): how the executor records what it runs: "
      "the registered ufunc or reduction `func`, 'redistribute' or 'view' "
@@ -272,7 +294,7 @@ int mt_ext_ops_exec(PyObject *module) {
   for (int i_ = 0; i_ < MT_EXT_NUFUNC; ++i_) X(d->ufunc[i_]);                         \
   for (int i_ = 0; i_ < MT_EXT_NREDUCTION; ++i_) X(d->reduction_name[i_]);            \
   for (int i_ = 0; i_ < d->nsigs; ++i_) {                                             \
-    X(d->sigs[i_].func); X(d->sigs[i_].method);                                       \
+    X(d->sigs[i_].func); X(d->sigs[i_].method); X(d->sigs[i_].small);                 \
     X(d->sigs[i_].grad_name); X(d->sigs[i_].grad_backward);                           \
   }
 

@@ -282,17 +282,33 @@ def test_unsupported_arguments():
         dt.sum(axis=2)
 
 
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """``small_blocks(name)``: the block size ``name`` of mpitensor._ops._reductions
+    lowered to 0, so that small blocks take the path it guards, and handed to the C
+    executor (which sends smaller blocks to ndarray's method directly); after the
+    test, the sizes back and handed again."""
+    from mpitensor._ops import _reductions
+
+    def lower(name):
+        monkeypatch.setattr(_reductions, name, 0)
+        _reductions.register_locals()
+    yield lower
+    monkeypatch.undo()
+    _reductions.register_locals()
+
+
 @pytest.mark.parametrize("name", ["min", "max", "amin", "amax"])
 @pytest.mark.parametrize("special", ["none", "nan", "inf", "-inf", "zero", "negzero", "mixed"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int16])
-def test_extreme_along_an_axis_is_numpys_bits(name, special, dtype, monkeypatch):
+def test_extreme_along_an_axis_is_numpys_bits(name, special, dtype, small_blocks):
     """max/min down the rows of a tall local block run the lanes kernel (made to
     take blocks of few rows here): the bits are NumPy's with NaN, infinities and
     signed zeros in some columns."""
     from mpitensor._ops import _reductions
     if dtype is np.int16 and special != "none":
         pytest.skip("integers have no NaN, infinity or signed zero")
-    monkeypatch.setattr(_reductions, "_LANES_MIN_ROWS", 0)
+    small_blocks("_LANES_MIN_ROWS")
     rng = np.random.default_rng(3)
     full = rng.standard_normal((401, 30)) * 1000
     if special == "nan":
@@ -348,13 +364,14 @@ def test_all_and_any_of_a_mask_of_one_value_are_numpys(name, mask, monkeypatch):
 @pytest.mark.parametrize("name", ["sum", "max", "min", "amax", "amin"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("columns", [2, 3, 7, 8])
-def test_a_short_last_axis_is_folded_with_numpys_bits(name, dtype, columns, monkeypatch):
+def test_a_short_last_axis_is_folded_with_numpys_bits(name, dtype, columns, monkeypatch,
+                                                      small_blocks):
     """A reduction along a short last axis of a tall block folds its columns
     (scikit-learn's logsumexp over classes; made to take small blocks here too):
     the bits are NumPy's, with zeros of both signs, NaN and infinities, in C,
     Fortran and strided layouts, keepdims too; 8 columns take NumPy's reduce."""
     from mpitensor._ops import _reductions
-    monkeypatch.setattr(_reductions, "_FOLD_MIN_SIZE", 0)
+    small_blocks("_FOLD_MIN_SIZE")
     folds = []
     fold = _reductions._fold
     monkeypatch.setattr(_reductions, "_fold", lambda *a, **k: folds.append(1) or fold(*a, **k))
@@ -385,12 +402,13 @@ def test_a_short_last_axis_is_folded_with_numpys_bits(name, dtype, columns, monk
 
 @pytest.mark.parametrize("name", ["max", "min"])
 @pytest.mark.parametrize("columns", [2, 7])
-def test_a_folded_extreme_without_zeros_or_nan_is_numpys(name, columns, monkeypatch):
+def test_a_folded_extreme_without_zeros_or_nan_is_numpys(name, columns, monkeypatch,
+                                                         small_blocks):
     """Where no row's extreme is a zero or NaN, the fold's own extreme is the
     answer (the test above mostly sees NumPy's reduce, its rows having zeros and
     NaN): its bits are NumPy's."""
     from mpitensor._ops import _reductions
-    monkeypatch.setattr(_reductions, "_FOLD_MIN_SIZE", 0)
+    small_blocks("_FOLD_MIN_SIZE")
     folds = []
     fold = _reductions._fold
     monkeypatch.setattr(_reductions, "_fold", lambda *a, **k: folds.append(1) or fold(*a, **k))

@@ -74,7 +74,7 @@ def _reduce(name, a, axis, keepdims, out, extra):
         return _merge.extreme(fname, a, tuple(range(ndim)) if axes is None else axes,
                               keepdims, _EXTREMES[name])
     if name in _EXTREMES and not extra:
-        fused = _deferring.extreme(func, _LOCAL[name], a, axes, keepdims, _EXTREMES[name])
+        fused = _deferring.extreme(func, _LOCAL[name][0], a, axes, keepdims, _EXTREMES[name])
         if fused is not None:
             return fused
     if name in ("argmax", "argmin"):
@@ -265,13 +265,31 @@ _LANES_COLUMNS = 128
 # the other, which the fold repeats; below the size the fold's calls cost more.
 _FOLD_MAX_COLUMNS = 8
 _FOLD_MIN_SIZE = 1 << 13
-_LOCAL = {"sum": _local_sum,
-          "max": _local_extreme(np.ndarray.max),
-          "amax": _local_extreme(np.ndarray.max),
-          "min": _local_extreme(np.ndarray.min),
-          "amin": _local_extreme(np.ndarray.min)}
+# name -> (the local function, ndarray's method for the blocks it leaves alone).
+_LOCAL = {"sum": (_local_sum, np.ndarray.sum),
+          "max": (_local_extreme(np.ndarray.max), np.ndarray.max),
+          "amax": (_local_extreme(np.ndarray.max), np.ndarray.max),
+          "min": (_local_extreme(np.ndarray.min), np.ndarray.min),
+          "amin": (_local_extreme(np.ndarray.min), np.ndarray.min)}
+
+
+def register_locals() -> None:
+    """Hands the C executor each local function of _LOCAL, with the smallest block
+    it takes a path of its own on (the fold's, or the lanes' of two columns):
+    smaller ones go to ndarray's method directly, without the function's call
+    around it. Again after a change of the sizes above (the tests lower them to
+    reach those paths on small blocks). Local.
+
+    Example: ``register_locals()``.
+    """
+    extreme = min(_FOLD_MIN_SIZE, 2 * max(_LANES_MIN_ROWS, 1))
+    for name, (local, method) in _LOCAL.items():
+        _C.set_reduction_local(_RULES[name][0], local, method,
+                               _FOLD_MIN_SIZE if name == "sum" else extreme)
+
 
 for _name, (_func, _method, _op, _rule, _ops, _even) in _RULES.items():
     _registry.implements(_func)(_keepdim(IMPLS[_name]))
-    _C.register_reduction(_func, _method, _op, _rule, _ops, _even, _LOCAL.get(_name))
+    _C.register_reduction(_func, _method, _op, _rule, _ops, _even)
+register_locals()
 _registry.implements(np.linalg.norm)(_merge.norm)
