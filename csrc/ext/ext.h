@@ -632,6 +632,10 @@ static inline int mt_ext_numeric(PyObject *o) {
  * (grad mode on, out= aside), bit 2 more than one mesh, bit 3 a plain numeric
  * ndarray. */
 int mt_ext_call_flags(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs);
+/* Whether `frame` (None: a program) runs a program's code rather than mpitensor's
+ * own, whose calls are alike on every rank by construction (ext_call_agreement.c).
+ * -1 with an exception. */
+int mt_ext_by_program(mt_ext_dispatch *d, PyObject *frame);
 
 /* -- operands on one mesh (ext_one_mesh.c) ------------------------------------------ */
 

@@ -284,7 +284,7 @@ static PyObject *call_fingerprint(PyObject *module, PyObject *const *args, Py_ss
 /* Whether `frame` runs a program's code (or the array API namespace's, on a
  * program's behalf), not mpitensor's own: the calls mpitensor makes inside an
  * operation are alike on every rank by construction. -1 with an exception. */
-static int by_program(mt_ext_dispatch *d, PyObject *frame) {
+int mt_ext_by_program(mt_ext_dispatch *d, PyObject *frame) {
   if (frame == Py_None) return 1;
   if (!PyFrame_Check(frame)) {
     PyErr_SetString(PyExc_TypeError, "agree_call: caller must be a frame or None");
@@ -366,7 +366,7 @@ static PyObject *agree_call(PyObject *module, PyObject *const *args, Py_ssize_t 
     return PyErr_Format(PyExc_TypeError,
                         "agree_call(name: str, args: tuple, kwargs: dict, caller: frame)");
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
-  int program = by_program(d, args[3]);
+  int program = mt_ext_by_program(d, args[3]);
   if (program < 0) return NULL;
   int flags = mt_ext_call_flags(d, args[1], args[2]);
   PyObject *first = NULL; /* borrowed: the arguments hold it */

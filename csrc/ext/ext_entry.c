@@ -128,6 +128,11 @@ static MT_EXT_COLD PyObject *strided_ufunc(mt_ext_dispatch *d, PyObject *ufunc,
 static int agree(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *const *prefix,
                  Py_ssize_t npre, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
   if (d->modes->checks || mb == NULL || !mb->member || mt_ext_mesh_size(mb) < 2) return 0;
+  /* The frame that called this door, which the hook would read: mpitensor's own
+   * calls (a reduction method run by the Python door, agreed there) skip the hook. */
+  PyFrameObject *frame = PyEval_GetFrame();
+  int program = frame == NULL ? 1 : mt_ext_by_program(d, (PyObject *)frame);
+  if (program <= 0) return program;
   PyObject *fn = PyDict_GetItemWithError(d->hooks, d->str[MT_S_AGREE]);
   if (fn == NULL) return PyErr_Occurred() ? -1 : 0;
   Py_ssize_t n = npre + nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
