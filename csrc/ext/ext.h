@@ -191,6 +191,7 @@ void mt_ext_dtensor_free_all(mt_ext_dispatch *d);
  * backward when it has one (register_backward). */
 typedef struct mt_ext_sig {
   PyObject *func;   /* the ufunc, or the NumPy reduction (numpy.sum) */
+  PyObject *label;  /* the name a user writes ("numpy.sum"), which agreements hash */
   PyObject *method; /* reduction: ndarray's method (local array first) or the
                      * registered local function, or NULL */
   PyObject *small;  /* reduction: what runs instead on a local array of fewer than
@@ -254,7 +255,7 @@ enum { MT_EXT_FREE_DTENSORS = 16 };
  * mpitensor._trace reads through ctypes (the capsule `_C.HOOK_CALLS`, in this
  * order). */
 enum { MT_HOOK_LOCAL, MT_HOOK_BUILD, MT_HOOK_ENTRY, MT_HOOK_EVENT, MT_HOOK_PLACEMENTS,
-       MT_HOOK_AGREE, MT_HOOK_ERROR, MT_HOOK_DTYPE, MT_HOOK_ERRSTATE, MT_HOOK_DEFERRED,
+       MT_HOOK_ERROR, MT_HOOK_DTYPE, MT_HOOK_ERRSTATE, MT_HOOK_DEFERRED,
        MT_HOOK_RUNS, MT_HOOK_COUNT };
 /* The trace events, each installed as the hook of its name (ext_hooks.c). */
 enum { MT_EVENT_DECISION, MT_EVENT_MOVE, MT_EVENT_UNMOVED, MT_EVENT_COUNT };
@@ -267,7 +268,7 @@ enum { MT_EVENT_DECISION, MT_EVENT_MOVE, MT_EVENT_UNMOVED, MT_EVENT_COUNT };
   X(NODE_BACKWARD, "backward_fn") X(NODE_SAVED, "saved") X(NODE_AUX, "aux")            \
   X(REQUEST, "_pending") X(REQUEST_RESULT, "_result")                                  \
   X(EVENT, "decision") X(EVENT_MOVE, "move") X(EVENT_UNMOVED, "unmoved")               \
-  X(DOOR, "door") X(AGREE, "agree") X(NAME, "__name__") X(PACKAGE, "mpitensor.")         \
+  X(DOOR, "door") X(NAME, "__name__") X(PACKAGE, "mpitensor.")         \
   X(ARRAY_API, "mpitensor.array_api") X(TESTING, "mpitensor.testing")                 \
   X(MODULE, "__module__") X(QUALNAME, "__qualname__") X(ERRSTATE, "errstate")         \
   X(SETTLE, "settle") X(RESULT, "result")
@@ -286,7 +287,7 @@ struct mt_ext_dispatch {
   /* (name, backward) of the moves redistribute records, and of the views the
    * executor reads strided operands through (register_grad); NULL: none. */
   PyObject *move_grad, *view_grad;
-  /* name -> callable: an event's, "placements", "door", "agree", "error" */
+  /* name -> callable: an event's, "placements", "door", "error" */
   PyObject *hooks;
   PyObject *ufunc_type;
   PyObject *replicate, *shard[MT_MAX_NDIM], *partial[MT_REDUCE_COUNT];
@@ -636,6 +637,11 @@ int mt_ext_call_flags(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs);
  * own, whose calls are alike on every rank by construction (ext_call_agreement.c).
  * -1 with an exception. */
 int mt_ext_by_program(mt_ext_dispatch *d, PyObject *frame);
+/* `_C.agree_call` once the caller is judged (`program`): the ranks agree on
+ * name(*args, **kwargs) when a program made it on a mesh of more than one rank;
+ * its flags, or -1 with the agreed exception. */
+long mt_ext_agree_call(mt_ext_dispatch *d, PyObject *name, PyObject *args, PyObject *kwargs,
+                       int program);
 
 /* -- operands on one mesh (ext_one_mesh.c) ------------------------------------------ */
 

@@ -359,33 +359,27 @@ static void mismatch_message(PyObject *name, mt_error *err) {
   }
 }
 
-/* agree_call(name, args, kwargs, caller): see the method table. */
-static PyObject *agree_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 4 || !PyUnicode_Check(args[0]) || !PyTuple_Check(args[1]) ||
-      !PyDict_Check(args[2]))
-    return PyErr_Format(PyExc_TypeError,
-                        "agree_call(name: str, args: tuple, kwargs: dict, caller: frame)");
-  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
-  int program = mt_ext_by_program(d, args[3]);
-  if (program < 0) return NULL;
-  int flags = mt_ext_call_flags(d, args[1], args[2]);
+long mt_ext_agree_call(mt_ext_dispatch *d, PyObject *name, PyObject *args, PyObject *kwargs,
+                       int program) {
+  int flags = mt_ext_call_flags(d, args, kwargs);
   PyObject *first = NULL; /* borrowed: the arguments hold it */
   if (program && !d->modes->checks) {
-    first = first_dtensor(d, PySequence_Fast_ITEMS(args[1]), PyTuple_GET_SIZE(args[1]));
+    first = first_dtensor(d, PySequence_Fast_ITEMS(args), PyTuple_GET_SIZE(args));
     Py_ssize_t pos = 0;
     PyObject *key, *v;
-    while (first == NULL && PyDict_Next(args[2], &pos, &key, &v)) first = first_dtensor(d, &v, 1);
+    while (first == NULL && PyDict_Next(kwargs, &pos, &key, &v)) first = first_dtensor(d, &v, 1);
   }
   mt_ext_mesh_base *mb = first == NULL ? NULL : mt_ext_spec_mesh(d, ((mt_ext_dtensor *)first)->spec);
   /* Whether the local arrays are C-contiguous: this rank's say on a mesh of one,
    * every member's once agreed, and no say (0) where nothing is agreed. */
-  int64_t contig = mb != NULL && mb->member && args_contiguous(d, args[1], args[2]);
+  int64_t contig = mb != NULL && mb->member && args_contiguous(d, args, kwargs);
   if (mb != NULL && mb->member && mt_ext_mesh_size(mb) > 1) {
-    if (mb->mesh == NULL)
-      return PyErr_Format(PyExc_RuntimeError, "agree_call: the mesh has no communicators");
+    if (mb->mesh == NULL) {
+      PyErr_SetString(PyExc_RuntimeError, "agree_call: the mesh has no communicators");
+      return -1;
+    }
     uint64_t fp;
-    if (mt_ext_mesh_check(mb) < 0 || fingerprint_of(d, args[0], args[1], args[2], &fp) < 0)
-      return NULL;
+    if (mt_ext_mesh_check(mb) < 0 || fingerprint_of(d, name, args, kwargs, &fp) < 0) return -1;
     mt_error err = {0};
     int rc;
     ++mb->call_agreements;
@@ -396,14 +390,29 @@ static PyObject *agree_call(PyObject *module, PyObject *const *args, Py_ssize_t 
       /* Every rank agreed with MT_OK, so the fingerprints differ; only then is the
        * error worded, and every rank raises the first rank's words (its call's
        * name), in a second agreement that only a refused call makes. */
-      mismatch_message(args[0], &err);
+      mismatch_message(name, &err);
       Py_BEGIN_ALLOW_THREADS
       rc = mt_agree(mb->mesh, MT_EINVAL, 0, &err);
       Py_END_ALLOW_THREADS
     }
-    if (rc != MT_OK) return mt_ext_raise(rc, &err);
+    if (rc != MT_OK) {
+      mt_ext_raise(rc, &err);
+      return -1;
+    }
   }
-  return PyLong_FromLong(program | (long)contig << 1 | flags << 2);
+  return program | (long)contig << 1 | (long)flags << 2;
+}
+
+/* agree_call(name, args, kwargs, caller): see the method table. */
+static PyObject *agree_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 4 || !PyUnicode_Check(args[0]) || !PyTuple_Check(args[1]) ||
+      !PyDict_Check(args[2]))
+    return PyErr_Format(PyExc_TypeError,
+                        "agree_call(name: str, args: tuple, kwargs: dict, caller: frame)");
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  int program = mt_ext_by_program(d, args[3]);
+  long flags = program < 0 ? -1 : mt_ext_agree_call(d, args[0], args[1], args[2], program);
+  return flags < 0 ? NULL : PyLong_FromLong(flags);
 }
 
 PyMethodDef mt_ext_call_agreement_methods[] = {

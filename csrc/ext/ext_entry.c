@@ -121,32 +121,34 @@ static MT_EXT_COLD PyObject *strided_ufunc(mt_ext_dispatch *d, PyObject *ufunc,
 }
 
 /* The agreement of a call that a C door runs, or hands to the Python door
- * agreed, as func(*prefix, *args, **kwargs): made by the hook "agree"
- * (mpitensor._registry.agree_method, which agrees when a program made the call)
- * wherever the agreement can communicate, on `mb` of more than one rank outside
- * the collective checks. 0, or -1 with the agreed exception. */
-static int agree(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *const *prefix,
-                 Py_ssize_t npre, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+ * agreed, as `label`(*prefix[1:], *args, **kwargs), the call the Python door
+ * would agree for func prefix[0] (so the two forms of a call, x.sum(axis=1) and
+ * np.sum(x, axis=1), are one call): when a program made it (the frame that
+ * called this door is not mpitensor's), wherever the agreement can communicate,
+ * on `mb` of more than one rank outside the collective checks. 0, or -1 with the
+ * agreed exception. */
+static int agree(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *label,
+                 PyObject *const *prefix, Py_ssize_t npre, PyObject *const *args,
+                 Py_ssize_t nargs, PyObject *kwnames) {
   if (d->modes->checks || mb == NULL || !mb->member || mt_ext_mesh_size(mb) < 2) return 0;
-  /* The frame that called this door, which the hook would read: mpitensor's own
-   * calls (a reduction method run by the Python door, agreed there) skip the hook. */
   PyFrameObject *frame = PyEval_GetFrame();
   int program = frame == NULL ? 1 : mt_ext_by_program(d, (PyObject *)frame);
   if (program <= 0) return program;
-  PyObject *fn = PyDict_GetItemWithError(d->hooks, d->str[MT_S_AGREE]);
-  if (fn == NULL) return PyErr_Occurred() ? -1 : 0;
-  Py_ssize_t n = npre + nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
-  PyObject *small[8],
-      **stack = n <= 8 ? small : PyMem_Malloc((size_t)n * sizeof(PyObject *));
-  if (stack == NULL) return PyErr_NoMemory(), -1;
-  for (Py_ssize_t i = 0; i < npre; ++i) stack[i] = prefix[i];
-  for (Py_ssize_t i = npre; i < n; ++i) stack[i] = args[i - npre];
-  Py_INCREF(fn);
-  PyObject *r = mt_ext_hook(d, MT_HOOK_AGREE, fn, stack, (size_t)(npre + nargs), kwnames);
-  Py_DECREF(fn);
-  if (stack != small) PyMem_Free(stack);
-  Py_XDECREF(r);
-  return r == NULL ? -1 : 0;
+  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+  PyObject *pos = PyTuple_New(npre - 1 + nargs), *kw = PyDict_New();
+  long flags = -1;
+  if (pos != NULL && kw != NULL) {
+    for (Py_ssize_t i = 1; i < npre; ++i) PyTuple_SET_ITEM(pos, i - 1, Py_NewRef(prefix[i]));
+    for (Py_ssize_t i = 0; i < nargs; ++i)
+      PyTuple_SET_ITEM(pos, npre - 1 + i, Py_NewRef(args[i]));
+    int rc = 0;
+    for (Py_ssize_t i = 0; rc == 0 && i < nkw; ++i)
+      rc = PyDict_SetItem(kw, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]);
+    if (rc == 0) flags = mt_ext_agree_call(d, label, pos, kw, 1);
+  }
+  Py_XDECREF(pos);
+  Py_XDECREF(kw);
+  return flags < 0 ? -1 : 0;
 }
 
 /* ufunc(*ops, out=o) run by the executor itself, when that is all the call is:
@@ -202,8 +204,8 @@ static PyObject *ufunc_into(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject 
                             PyObject *const *ops, Py_ssize_t n, PyObject *kwnames,
                             PyObject *o, int agreed) {
   PyObject *prefix[3] = {d->ufunc_type, ufunc, d->str[MT_S_CALL]}, *res;
-  if (!agreed && agree(d, mt_ext_spec_mesh(d, ((mt_ext_dtensor *)o)->spec), prefix, 3, ops,
-                       n, kwnames) < 0)
+  if (!agreed && agree(d, mt_ext_spec_mesh(d, ((mt_ext_dtensor *)o)->spec), sig->label,
+                       prefix, 3, ops, n, kwnames) < 0)
     return NULL;
   if (into_layout(d, sig, ufunc, ops, n, o, &res)) return res;
   return python_door(d, d->ufunc_type, prefix + 1, 2, ops, n, kwnames, 1);
@@ -394,7 +396,7 @@ static int agree_method(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *sel
   PyObject *prefix[2] = {sig->func, self};
   const mt_ext_mesh_base *mb =
       d->modes->checks ? NULL : mt_ext_spec_mesh(d, ((const mt_ext_dtensor *)self)->spec);
-  return agree(d, mb, prefix, 2, args, nargs, kwnames);
+  return agree(d, mb, sig->label, prefix, 2, args, nargs, kwnames);
 }
 
 PyObject *mt_ext_reduction(mt_ext_dispatch *d, int method, PyObject *self,

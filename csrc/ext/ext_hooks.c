@@ -16,10 +16,6 @@
  *   PLACEMENTS  the normaliser of placements that are not the interned objects
  *               (mpitensor._args.normalize_placements), which raises torch's
  *               errors;
- *   AGREE       the agreement of a reduction method's call (x.sum(axis=1)),
- *               made before the method takes a path, where the mesh has more
- *               than one rank (mpitensor._registry.agree_method, the hook
- *               "agree"), as NumPy's function is agreed at the Python door;
  *   ERROR       the exception of an operation the executor refuses (no sharding
  *               rule, no backward, a plain ndarray operand, two meshes, a
  *               write under grad mode): the error hook
@@ -144,7 +140,7 @@ static PyObject *errstate_raises(PyObject *module, PyObject *Py_UNUSED(unused)) 
 }
 
 /* set_hook(name, fn): installs a Python hook (an event's: "decision", "move",
- * "unmoved"; "placements", "door", "agree", "error"); None removes. */
+ * "unmoved"; "placements", "door", "error"); None removes. */
 static PyObject *set_hook(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
   if (nargs != 2 || !PyUnicode_Check(args[0]))
@@ -164,8 +160,7 @@ PyMethodDef mt_ext_hooks_methods[] = {
      "set_hook(name, fn): the Python side of hook `name` ('decision', 'move', "
      "'unmoved': the trace events of that name; "
      "'placements': placement normalisation; 'door': the Python door, which takes "
-     "the calls the executor's doors leave to Python; 'agree': the agreement of a "
-     "reduction method's call; 'error': the exception of a "
+     "the calls the executor's doors leave to Python; 'error': the exception of a "
      "refused operation); None "
      "removes it. "
      "Local.\n\n"

@@ -31,7 +31,7 @@ int64_t mt_ext_op_id(mt_ext_dispatch *d, PyObject *key) {
 }
 
 /* A new signature for `func`; NULL with an exception. */
-static mt_ext_sig *add_sig(mt_ext_dispatch *d, PyObject *func) {
+static mt_ext_sig *add_sig(mt_ext_dispatch *d, PyObject *func, PyObject *label) {
   if (mt_ext_sig_of(d, func) != NULL) {
     PyErr_SetString(PyExc_ValueError, "this function is registered already");
     return NULL;
@@ -49,7 +49,7 @@ static mt_ext_sig *add_sig(mt_ext_dispatch *d, PyObject *func) {
   mt_ext_sig *sig = &d->sigs[d->nsigs++];
   d->last_ufunc = NULL;
   memset(sig, 0, sizeof *sig);
-  sig->func = Py_NewRef(func), sig->id = id;
+  sig->func = Py_NewRef(func), sig->label = Py_NewRef(label), sig->id = id;
   return sig;
 }
 
@@ -60,35 +60,36 @@ static int int_attr(PyObject *obj, const char *name) {
   return (int)n;
 }
 
-/* register_ufunc(ufunc, family, kind) */
+/* register_ufunc(ufunc, family, kind, label) */
 static PyObject *register_ufunc(PyObject *module, PyObject *args) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
-  PyObject *ufunc;
+  PyObject *ufunc, *label;
   int family, kind;
-  if (!PyArg_ParseTuple(args, "Oii:register_ufunc", &ufunc, &family, &kind)) return NULL;
+  if (!PyArg_ParseTuple(args, "OiiU:register_ufunc", &ufunc, &family, &kind, &label))
+    return NULL;
   if ((family != MT_OP_ELEMENTWISE && family != MT_OP_MATMUL) || kind < 0 ||
       kind >= MT_ELEMENTWISE_COUNT)
     return PyErr_Format(PyExc_ValueError, "unknown ufunc family %d or kind %d", family, kind);
   int nin = int_attr(ufunc, "nin"), nout = int_attr(ufunc, "nout");
   if (nin < 1 || nout < 1) return NULL;
-  mt_ext_sig *sig = add_sig(d, ufunc);
+  mt_ext_sig *sig = add_sig(d, ufunc, label);
   if (sig == NULL) return NULL;
   sig->op.family = family, sig->op.kind = kind, sig->nin = nin, sig->nout = nout;
   Py_RETURN_NONE;
 }
 
-/* register_reduction(func, method, reduce_op, partial_rule, partial_ops, even_only):
- * `method` names the DTensorBase reduction method it backs, or is None; the local
+/* register_reduction(func, method, reduce_op, partial_rule, partial_ops, even_only,
+ * label): `method` names the DTensorBase reduction method it backs, or is None; the local
  * array is reduced by ndarray's method of that name (else `func`) until
  * set_reduction_local says otherwise. */
 static PyObject *register_reduction(PyObject *module, PyObject *args) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
-  PyObject *func;
+  PyObject *func, *label;
   const char *method;
   mt_reduction_rule rule;
   unsigned int ops;
-  if (!PyArg_ParseTuple(args, "OziiIp:register_reduction", &func, &method, &rule.reduce_op,
-                        &rule.partial_rule, &ops, &rule.even_only))
+  if (!PyArg_ParseTuple(args, "OziiIpU:register_reduction", &func, &method, &rule.reduce_op,
+                        &rule.partial_rule, &ops, &rule.even_only, &label))
     return NULL;
   rule.partial_ops = ops;
   int m = 0;
@@ -96,7 +97,7 @@ static PyObject *register_reduction(PyObject *module, PyObject *args) {
          strcmp(reduction_names[m], method) != 0)
     ++m;
   if (m == MT_EXT_NREDUCTION) return PyErr_Format(PyExc_ValueError, "no method %s", method);
-  mt_ext_sig *sig = add_sig(d, func);
+  mt_ext_sig *sig = add_sig(d, func, label);
   if (sig == NULL) return NULL;
   sig->op.family = MT_OP_REDUCTION, sig->op.rule = rule;
   if (method != NULL) {
@@ -227,12 +228,14 @@ PyMethodDef mt_ext_ops_methods[] = {
      "partials, strided): the ground floor's types and interned placements, once. "
      "Local."},
     {"register_ufunc", register_ufunc, METH_VARARGS,
-     "register_ufunc(ufunc, family, kind): a ufunc's signature (FAMILY_ELEMENTWISE with "
-     "an ELEMENTWISE_* kind, or FAMILY_MATMUL). Local."},
+     "register_ufunc(ufunc, family, kind, label): a ufunc's signature (FAMILY_ELEMENTWISE "
+     "with an ELEMENTWISE_* kind, or FAMILY_MATMUL) and the name its calls are agreed "
+     "by. Local."},
     {"register_reduction", register_reduction, METH_VARARGS,
-     "register_reduction(func, method, reduce_op, partial_rule, partial_ops, even_only): "
-     "a reduction's signature and the DTensor method it backs (reduce_op -1: the "
-     "reduced dims are merged by its Python entry). Local."},
+     "register_reduction(func, method, reduce_op, partial_rule, partial_ops, even_only, "
+     "label): a reduction's signature, the DTensor method it backs (reduce_op -1: the "
+     "reduced dims are merged by its Python entry) and the name its calls are agreed "
+     "by. Local."},
     {"set_reduction_local", set_reduction_local, METH_VARARGS,
      "set_reduction_local(func, local, small, small_size): the registered reduction's "
      "local arrays reduced by `local` in place of ndarray's method, those of fewer "
@@ -294,7 +297,8 @@ int mt_ext_ops_exec(PyObject *module) {
   for (int i_ = 0; i_ < MT_EXT_NUFUNC; ++i_) X(d->ufunc[i_]);                         \
   for (int i_ = 0; i_ < MT_EXT_NREDUCTION; ++i_) X(d->reduction_name[i_]);            \
   for (int i_ = 0; i_ < d->nsigs; ++i_) {                                             \
-    X(d->sigs[i_].func); X(d->sigs[i_].method); X(d->sigs[i_].small);                 \
+    X(d->sigs[i_].func); X(d->sigs[i_].label); X(d->sigs[i_].method);                 \
+    X(d->sigs[i_].small);                                                             \
     X(d->sigs[i_].grad_name); X(d->sigs[i_].grad_backward);                           \
   }
 

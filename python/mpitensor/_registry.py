@@ -39,7 +39,7 @@ import numpy as np
 from . import _C, _call_agreement, _comm, _dtypes, _modes, _strided, _trace
 from .placement_types import _StridedShard
 
-__all__ = ["implements", "lookup", "call", "door", "door_from_c", "agree_method",
+__all__ = ["implements", "lookup", "call", "door", "door_from_c", "call_label",
            "gather_call", "NoRule",
            "no_rule", "qualified_name", "op_label", "functions", "rules", "backwards",
            "set_rule", "clear_rules", "forward_unrecorded", "first_mesh"]
@@ -109,7 +109,7 @@ def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
     if caller is None:
         flags, call_flags = 0, _C.call_flags(args, kwargs)
     else:
-        flags = _call_agreement.agree_call(name or _names.get(func) or _label(func, args),
+        flags = _call_agreement.agree_call(name or _names.get(func) or call_label(func, args),
                                            args, kwargs, caller)
         call_flags = flags >> _call_agreement.CALL_FLAGS
     viewing = (func, flags) if flags & _PROGRAM else None
@@ -163,7 +163,7 @@ def _errors_agreed(func, args: tuple, kwargs: dict, name, run):
 
     def record(kind, flag):
         mode = state.get(_CATEGORIES.get(kind), "raise")
-        where = f"{kind} encountered in {_label(func, args, name)}"
+        where = f"{kind} encountered in {call_label(func, args, name)}"
         if mode == "log":
             # The program's log object is replaced by this function meanwhile.
             if hasattr(callback, "write"):
@@ -228,7 +228,7 @@ def _traced(func, args: tuple, kwargs: dict, name, from_c: bool, flags: int = -1
     that the operations it runs nest under the call."""
     if not _modes.recorders:
         return _entry(func, args, kwargs, name, from_c, flags)
-    token = _trace.call_enter(_label(func, args, name), args, kwargs)
+    token = _trace.call_enter(call_label(func, args, name), args, kwargs)
     result = None
     try:
         result = _entry(func, args, kwargs, name, from_c, flags)
@@ -254,7 +254,7 @@ def door_from_c(func, args: tuple, kwargs: dict, agreed: bool = False):
     """The Python door of a call the executor's doors leave to Python (the hook
     "door"): a ufunc call or method as ``(numpy.ufunc, (ufunc, method,
     *operands), kwargs)``, a reduction method as NumPy's function (``agreed``:
-    by :func:`agree_method` already). Agreed as :func:`door` agrees, on the frame
+    by the C door already). Agreed as :func:`door` agrees, on the frame
     that called the C door; a ufunc's NoRule is raised, not gathered (the ufuncs'
     entry gathers itself), a reduction method's gathers as its function does.
     Collective on the mesh when the call is agreed or moves data.
@@ -264,7 +264,8 @@ def door_from_c(func, args: tuple, kwargs: dict, agreed: bool = False):
     if agreed:
         flags = _C.call_flags(args, kwargs)
     else:
-        flags = (_call_agreement.agree_call(_label(func, args), args, kwargs, sys._getframe(1))
+        flags = (_call_agreement.agree_call(call_label(func, args), args, kwargs,
+                                            sys._getframe(1))
                  >> _call_agreement.CALL_FLAGS)
     if _C.errstate_raises():
         return _errors_agreed(func, args, kwargs, None,
@@ -283,27 +284,18 @@ def _door_from_c_run(func, args: tuple, kwargs: dict, flags: int):
         _modes.pop_implicit_replication()
 
 
-def agree_method(func, *args, **kwargs) -> None:
-    """The agreement of a reduction method's call, ``x.sum(axis=1)`` as
-    ``func(x, axis=1)`` (the hook "agree", which the C methods call first on a
-    mesh of more than one rank): when a program made it, the ranks agree on it as
-    on NumPy's function, so one rank's other axis= is a ValueError on every rank.
-    Collective on the mesh when a program made the call.
-
-    Example: ``agree_method(np.sum, dt, axis=1)``.
-    """
-    _call_agreement.agree_call(_label(func, args), args, kwargs,
-                               sys._getframe(1))
-
-
 # The name a user writes of each function called through the door; a ufunc's
 # call is named by its ufunc.
 _names: dict = {}
 
 
-def _label(func, args: tuple, name: str | None = None) -> str:
+def call_label(func, args: tuple = (), name: str | None = None) -> str:
     """The call's name as the agreement and the traces write it (``name`` when
-    given), cached per function."""
+    given), cached per function; the executor's doors agree by the one given at
+    registration. Local.
+
+    Example: ``call_label(np.ufunc, (np.add, "__call__")) == "numpy.add"``.
+    """
     if name is not None:
         return name
     found = _names.get(func)
@@ -738,7 +730,6 @@ def errstate_raises() -> bool:
 
 _C.set_hook("error", executor_error)
 _C.set_hook("door", door_from_c)
-_C.set_hook("agree", agree_method)
 # NumPy 2 keeps its error state in a context variable; without it (another NumPy)
 # each rank raises its own errors, as before.
 _errstate_var = getattr(getattr(getattr(np, "_core", None), "umath", None),

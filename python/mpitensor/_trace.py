@@ -298,8 +298,8 @@ def report_gather(what: str, spec, placements, mesh_dims) -> None:
 
 # The kinds of calls from C into Python (csrc/ext/ext_hooks.c), then the operations
 # the executor ran, in the order of the extension's counters.
-HOOK_KINDS = ("local", "build", "entry", "event", "placements", "agree", "error",
-              "dtype", "errstate", "deferred", "runs")
+HOOK_KINDS = ("local", "build", "entry", "event", "placements", "error", "dtype",
+              "errstate", "deferred", "runs")
 assert len(HOOK_KINDS) == _C.HOOK_COUNT, "HOOK_KINDS does not mirror the extension's"
 _hook_calls = _clib.exported(_C.HOOK_CALLS, "mpitensor._C.hook_calls")
 

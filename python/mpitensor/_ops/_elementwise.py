@@ -53,10 +53,11 @@ def _register_one(u) -> bool:
     """Registers ``u`` with the C dispatch once; whether it is registered."""
     if u in _registered:
         return True
+    label = _registry.call_label(np.ufunc, (u, "__call__"))
     if u is np.matmul:
-        _C.register_ufunc(u, CORE.FAMILY_MATMUL, 0)
+        _C.register_ufunc(u, CORE.FAMILY_MATMUL, 0, label)
     elif u.signature is None and u.nin <= D.MAX_INPUTS and u.nout >= 1:
-        _C.register_ufunc(u, CORE.FAMILY_ELEMENTWISE, _KINDS.get(u, CORE.ELEMENTWISE_NONE))
+        _C.register_ufunc(u, CORE.FAMILY_ELEMENTWISE, _KINDS.get(u, CORE.ELEMENTWISE_NONE), label)
     else:
         return False
     _registered.add(u)

@@ -290,6 +290,6 @@ def register_locals() -> None:
 
 for _name, (_func, _method, _op, _rule, _ops, _even) in _RULES.items():
     _registry.implements(_func)(_keepdim(IMPLS[_name]))
-    _C.register_reduction(_func, _method, _op, _rule, _ops, _even)
+    _C.register_reduction(_func, _method, _op, _rule, _ops, _even, _registry.call_label(_func))
 register_locals()
 _registry.implements(np.linalg.norm)(_merge.norm)
