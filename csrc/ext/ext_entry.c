@@ -542,6 +542,48 @@ static PyObject *whole_view(PyObject *module, PyObject *const *args, Py_ssize_t 
   return view != NULL || PyErr_Occurred() ? view : Py_NewRef(Py_None);
 }
 
+/* The DTensorBase reduction method `sig` backs (its index), or -1. */
+static int method_of(const mt_ext_dispatch *d, const mt_ext_sig *sig) {
+  for (int m = 0; sig != NULL && m < MT_EXT_NREDUCTION; ++m)
+    if (d->reduction_sig[m] == (int)(sig - d->sigs)) return m;
+  return -1;
+}
+
+/* reduction_call(func, args, kwargs, caller): see the method table. */
+static PyObject *reduction_call(PyObject *module, PyObject *const *a, Py_ssize_t n) {
+  if (n != 4 || !PyTuple_Check(a[1]) || !PyDict_Check(a[2]))
+    return PyErr_Format(PyExc_TypeError,
+                        "reduction_call(func, args: tuple, kwargs: dict, caller)");
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  PyObject *args = a[1], *kwargs = a[2], *key, *v;
+  const mt_ext_sig *sig = mt_ext_sig_of(d, a[0]);
+  int m = method_of(d, sig);
+  Py_ssize_t nargs = PyTuple_GET_SIZE(args), nkw = PyDict_GET_SIZE(kwargs), pos = 0, k = 0;
+  /* What the method takes: the DTensor itself, then axis and keepdims. */
+  if (m < 0 || nargs < 1 || nargs > 2 || nkw > 2 ||
+      Py_TYPE(PyTuple_GET_ITEM(args, 0)) != d->dtensor)
+    Py_RETURN_NOTIMPLEMENTED;
+  while (PyDict_Next(kwargs, &pos, &key, &v))
+    if (!PyUnicode_Check(key) || (PyUnicode_Compare(key, d->str[MT_S_AXIS]) != 0 &&
+                                  PyUnicode_Compare(key, d->str[MT_S_KEEPDIMS]) != 0))
+      Py_RETURN_NOTIMPLEMENTED;
+  if (a[3] != Py_None) {
+    int program = mt_ext_by_program(d, a[3]);
+    if (program < 0 || mt_ext_agree_call(d, sig->label, args, kwargs, program) < 0)
+      return NULL;
+  }
+  PyObject *stack[3], *kwnames = nkw > 0 ? PyTuple_New(nkw) : NULL;
+  if (nkw > 0 && kwnames == NULL) return NULL;
+  if (nargs == 2) stack[k++] = PyTuple_GET_ITEM(args, 1);
+  for (pos = 0; PyDict_Next(kwargs, &pos, &key, &v); ++k) {
+    stack[k] = v;
+    PyTuple_SET_ITEM(kwnames, k - (nargs - 1), Py_NewRef(key));
+  }
+  PyObject *out = reduce(d, m, PyTuple_GET_ITEM(args, 0), stack, nargs - 1, kwnames);
+  Py_XDECREF(kwnames);
+  return out;
+}
+
 /* set_user_rule(func, has_rule): see the method table. */
 static PyObject *set_user_rule(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 2) return PyErr_Format(PyExc_TypeError, "set_user_rule(func, has_rule)");
@@ -567,6 +609,13 @@ PyMethodDef mt_ext_entry_methods[] = {
      "`func` over every element of one strided DTensor, with dtype= at most, and "
      "the expansion exists; else None. Local.\n\n"
      "Example: _C.whole_view(numpy.sum, (dt,), {})"},
+    {"reduction_call", (PyCFunction)(void (*)(void))reduction_call, METH_FASTCALL,
+     "reduction_call(func, args, kwargs, caller) -> NumPy's reduction func(*args, "
+     "**kwargs) as the DTensor method runs it, when the call is one the method takes "
+     "(a DTensor, then axis= and keepdims=; else NotImplemented): agreed first as "
+     "agree_call agrees on the frame `caller` (None: not agreed, as mpitensor's own "
+     "calls). Collective on the mesh when agreed or when the reduction moves data.\n\n"
+     "Example: _C.reduction_call(numpy.sum, (dt,), {'axis': 1}, sys._getframe(1))"},
     {"set_user_rule", (PyCFunction)(void (*)(void))set_user_rule, METH_FASTCALL,
      "set_user_rule(func, has_rule): whether the executor's doors hand the ufunc or "
      "reduction `func` to the Python door, where a user's register_sharding rule "

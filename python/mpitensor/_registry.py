@@ -102,6 +102,11 @@ def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
     Example: ``door(np.concatenate, ([a, b],), {"axis": 1}, None, sys._getframe(1))``.
     """
     global viewing
+    if func in _C_METHODS and name is None and not _modes.recorders:
+        # A reduction the C method takes is agreed and run in one C call.
+        out = _C.reduction_call(func, args, kwargs, caller)
+        if out is not NotImplemented:
+            return out
     outer = viewing
     # Every call a program makes pays for this function: the agreement is one C
     # call, and the usual call (no DebugMode, no plain ndarray to replicate, no
@@ -315,12 +320,10 @@ def call_label(func, args: tuple = (), name: str | None = None) -> str:
 
 
 # The reductions the C base runs as methods as their functions do, given only
-# axis= and keepdims= (all and any are not: np.all keeps a bool Partial, the
-# method reduces it).
-_C_METHODS = {getattr(np, name): getattr(_C.DTensorBase, name)
-              for name in ("sum", "mean", "prod", "max", "min", "std", "var", "argmax",
-                           "argmin")}
-_METHOD_KEYWORDS = frozenset(("axis", "keepdims"))
+# axis= and keepdims= (_C.reduction_call; all and any are not: np.all keeps a bool
+# Partial, the method reduces it).
+_C_METHODS = frozenset(getattr(np, name) for name in ("sum", "mean", "prod", "max", "min",
+                                                      "std", "var", "argmax", "argmin"))
 _STRIDED, _GRAD, _MESHES, _PLAIN = (_call_agreement.CALL_STRIDED, _call_agreement.CALL_GRAD,
                                     _call_agreement.CALL_MESHES, _call_agreement.CALL_PLAIN)
 _PROGRAM, _DOOR_PLAIN = _call_agreement.PROGRAM, _call_agreement.PLAIN
@@ -333,12 +336,12 @@ def _run(func, args: tuple, kwargs: dict, from_c: bool, flags: int = -1):
     rule = _rule_of(func, args) if rules else None
     entry = None
     if rule is None:
-        method = None if from_c else _C_METHODS.get(func)
-        if (method is not None and 0 < len(args) <= 2 and type(args[0]) is dtensor_type
-                and _METHOD_KEYWORDS.issuperset(kwargs)):
+        if not from_c and func in _C_METHODS:
             # The C method runs the same rule without a Python entry (and comes
             # back here, from_c, for what it does not take).
-            return method(*args, **kwargs)
+            out = _C.reduction_call(func, args, kwargs, None)
+            if out is not NotImplemented:
+                return out
         entry = functions.get(func)
         if entry is None:
             raise no_rule(func)
