@@ -584,6 +584,38 @@ static PyObject *reduction_call(PyObject *module, PyObject *const *a, Py_ssize_t
   return out;
 }
 
+/* A slice bound as a basic key caches it: None or an exact int. */
+static inline int key_bound(PyObject *b) { return b == Py_None || PyLong_CheckExact(b); }
+
+/* index_key(key): see the method table. */
+static PyObject *index_key(PyObject *module, PyObject *key) {
+  (void)module;
+  int whole = PyTuple_CheckExact(key);
+  Py_ssize_t n = whole ? PyTuple_GET_SIZE(key) : 1;
+  PyObject *out = PyTuple_New(n);
+  for (Py_ssize_t i = 0; out != NULL && i < n; ++i) {
+    PyObject *k = whole ? PyTuple_GET_ITEM(key, i) : key, *item = NULL;
+    if (PySlice_Check(k)) {
+      PySliceObject *s = (PySliceObject *)k;
+      if (!key_bound(s->start) || !key_bound(s->stop) || !key_bound(s->step)) break;
+      item = PyTuple_Pack(3, s->start, s->stop, s->step);
+    } else if (PyLong_CheckExact(k) || k == Py_None || k == Py_Ellipsis) {
+      item = Py_NewRef(k);
+    } else if (PyArray_IsScalar(k, Integer)) { /* a loop over np.arange's ints */
+      item = PyNumber_Index(k);
+    } else {
+      break;
+    }
+    if (item == NULL) Py_CLEAR(out);
+    else PyTuple_SET_ITEM(out, i, item);
+  }
+  if (out != NULL && n > 0 && PyTuple_GET_ITEM(out, n - 1) == NULL) { /* a key it refuses */
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+  }
+  return out;
+}
+
 /* set_user_rule(func, has_rule): see the method table. */
 static PyObject *set_user_rule(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 2) return PyErr_Format(PyExc_TypeError, "set_user_rule(func, has_rule)");
@@ -616,6 +648,11 @@ PyMethodDef mt_ext_entry_methods[] = {
      "agree_call agrees on the frame `caller` (None: not agreed, as mpitensor's own "
      "calls). Collective on the mesh when agreed or when the reduction moves data.\n\n"
      "Example: _C.reduction_call(numpy.sum, (dt,), {'axis': 1}, sys._getframe(1))"},
+    {"index_key", index_key, METH_O,
+     "index_key(key) -> a hashable stand-in for a basic key of ints, slices of ints, "
+     "None and ... (NumPy's integer scalars as ints), else None: such keys take the "
+     "uncached path, which also reports bad ones. Local.\n\n"
+     "Example: _C.index_key((slice(None, 4), 0)) == ((None, 4, None), 0)"},
     {"set_user_rule", (PyCFunction)(void (*)(void))set_user_rule, METH_FASTCALL,
      "set_user_rule(func, has_rule): whether the executor's doors hand the ufunc or "
      "reduction `func` to the Python door, where a user's register_sharding rule "

@@ -34,7 +34,7 @@ import operator
 
 import numpy as np
 
-from .. import _clib, _comm, _modes, _registry, _strided, _trace
+from .. import _C, _clib, _comm, _modes, _registry, _strided, _trace
 from .._bind import core
 from .._call_agreement import call_fingerprint
 from .._dtensor import DTensor
@@ -359,26 +359,10 @@ _registry.relink_plain = _views.relink_plain
 _INDEX_KEYS = 256
 
 
-def _cache_key(key):
-    """A hashable stand-in for a key of ints, slices of ints, None and ..., else
-    None (such keys take the uncached path, which also reports bad ones)."""
-    out = []
-    for k in key if type(key) is tuple else (key,):
-        t = type(k)
-        if t is slice:
-            # Every basic key pays for this: no generator, no call.
-            a, b, c = k.start, k.stop, k.step
-            if not ((a is None or type(a) is int) and (b is None or type(b) is int)
-                    and (c is None or type(c) is int)):
-                return None
-            out.append((a, b, c))
-        elif t is int or k is None or k is Ellipsis:
-            out.append(k)
-        elif isinstance(k, np.integer):  # a loop over np.arange's ints
-            out.append(int(k))
-        else:
-            return None
-    return tuple(out)
+# A hashable stand-in for a key of ints, slices of ints, None and ..., else None
+# (such keys take the uncached path, which also reports bad ones): in C, since
+# every basic key pays for it.
+_cache_key = _C.index_key
 
 
 def _plan(dt, key, ck=None) -> _Plan:
