@@ -268,7 +268,7 @@ enum { MT_EVENT_DECISION, MT_EVENT_MOVE, MT_EVENT_UNMOVED, MT_EVENT_COUNT };
   X(NODE_BACKWARD, "backward_fn") X(NODE_SAVED, "saved") X(NODE_AUX, "aux")            \
   X(REQUEST, "_pending") X(REQUEST_RESULT, "_result")                                  \
   X(EVENT, "decision") X(EVENT_MOVE, "move") X(EVENT_UNMOVED, "unmoved")               \
-  X(DOOR, "door") X(NAME, "__name__") X(PACKAGE, "mpitensor.")         \
+  X(DOOR, "door") X(NAME, "__name__") X(PACKAGE, "mpitensor.")                        \
   X(ARRAY_API, "mpitensor.array_api") X(TESTING, "mpitensor.testing")                 \
   X(MODULE, "__module__") X(QUALNAME, "__qualname__") X(ERRSTATE, "errstate")         \
   X(SETTLE, "settle") X(RESULT, "result")
@@ -628,10 +628,10 @@ static inline int mt_ext_numeric(PyObject *o) {
   const PyArray_Descr *t = PyArray_DESCR((PyArrayObject *)o);
   return t->kind != 0 && strchr("biufc", t->kind) != NULL && PyArray_ISNBO(t->byteorder);
 }
-/* What the Python door must do for a call with these arguments (ext_entry.c,
- * `_C.call_flags`): bit 0 a strided DTensor, bit 1 one that needs a gradient
- * (grad mode on, out= aside), bit 2 more than one mesh, bit 3 a plain numeric
- * ndarray. */
+/* What the Python door must do for a call with these arguments
+ * (ext_call_agreement.c, `_C.call_flags`): bit 0 a strided DTensor, bit 1 one that
+ * needs a gradient (grad mode on, out= aside), bit 2 more than one mesh, bit 3 a
+ * plain numeric ndarray. */
 int mt_ext_call_flags(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs);
 /* Whether `frame` (None: a program) runs a program's code rather than mpitensor's
  * own, whose calls are alike on every rank by construction (ext_call_agreement.c).

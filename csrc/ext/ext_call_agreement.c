@@ -7,7 +7,8 @@
  * and qualified name, anything else by its type. Python's own hash salts strings
  * per process, so the values are encoded here into one byte stream with a fixed
  * hash. Every call a program makes pays for the agreement, so all of it is here in
- * C: whose call it is, the mesh, the fingerprint and the all-reduce. */
+ * C: whose call it is, the mesh, the fingerprint and the all-reduce; and the
+ * flags of the call's arguments (call_flags), which it hands the Python door. */
 #include "ext.h"
 
 #include <stdio.h>
@@ -340,6 +341,72 @@ static int args_contiguous(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs)
   return 1;
 }
 
+/* Whether `a`, or an item of it when it is a list or tuple, is a DTensor that
+ * needs a gradient. */
+static int item_needs_grad(const mt_ext_dispatch *d, PyObject *a) {
+  if (mt_ext_needs_grad(d, a)) return 1;
+  if (PyTuple_CheckExact(a) || PyList_CheckExact(a))
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(a); ++k)
+      if (mt_ext_needs_grad(d, PySequence_Fast_ITEMS(a)[k])) return 1;
+  return 0;
+}
+
+/* Whether an argument (out= aside, which is a write), or an item of a list or
+ * tuple argument, needs a gradient. */
+static int args_need_grad(const mt_ext_dispatch *d, PyObject *args, PyObject *kwargs) {
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i)
+    if (item_needs_grad(d, PyTuple_GET_ITEM(args, i))) return 1;
+  Py_ssize_t pos = 0;
+  PyObject *key, *a;
+  while (kwargs != NULL && PyDict_Next(kwargs, &pos, &key, &a))
+    if (item_needs_grad(d, a) && PyUnicode_Compare(key, d->str[MT_S_OUT]) != 0) return 1;
+  return 0;
+}
+
+/* Whether `v` is a plain numeric ndarray of one dim or more. */
+static int plain_array(PyObject *v) {
+  return Py_TYPE(v) == &PyArray_Type && PyArray_NDIM((PyArrayObject *)v) > 0 &&
+         mt_ext_numeric(v);
+}
+
+/* Whether a plain numeric ndarray is among `items` or in a list or tuple one. */
+static int has_plain(PyObject *const *items, Py_ssize_t n) {
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject *v = items[i];
+    if (plain_array(v)) return 1;
+    if (PyTuple_CheckExact(v) || PyList_CheckExact(v))
+      for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(v); ++k)
+        if (plain_array(PySequence_Fast_ITEMS(v)[k])) return 1;
+  }
+  return 0;
+}
+
+/* Whether a plain numeric ndarray (not 0-d) is an argument or in a list or tuple
+ * one. */
+static int args_plain(PyObject *args, PyObject *kwargs) {
+  if (has_plain(PySequence_Fast_ITEMS(args), PyTuple_GET_SIZE(args))) return 1;
+  Py_ssize_t pos = 0;
+  PyObject *key, *v;
+  while (kwargs != NULL && PyDict_Next(kwargs, &pos, &key, &v))
+    if (has_plain(&v, 1)) return 1;
+  return 0;
+}
+
+int mt_ext_call_flags(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs) {
+  int strided = mt_ext_args_strided(d, args, kwargs);
+  int grad = d->modes->grad_enabled && args_need_grad(d, args, kwargs);
+  int meshes = mt_ext_args_meshes_differ(d, args, kwargs);
+  int plain = args_plain(args, kwargs);
+  return strided | grad << 1 | meshes << 2 | plain << 3;
+}
+
+/* call_flags(args, kwargs): see the method table. */
+static PyObject *call_flags(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyTuple_Check(args[0]) || !PyDict_Check(args[1]))
+    return PyErr_Format(PyExc_TypeError, "call_flags(args: tuple, kwargs: dict)");
+  return PyLong_FromLong(mt_ext_call_flags(mt_ext_dispatch_module(module), args[0], args[1]));
+}
+
 /* The ValueError's text for a call of `name` whose ranks differ, cut to fit an
  * mt_error at a character boundary. */
 static void mismatch_message(PyObject *name, mt_error *err) {
@@ -369,7 +436,8 @@ long mt_ext_agree_call(mt_ext_dispatch *d, PyObject *name, PyObject *args, PyObj
     PyObject *key, *v;
     while (first == NULL && PyDict_Next(kwargs, &pos, &key, &v)) first = first_dtensor(d, &v, 1);
   }
-  mt_ext_mesh_base *mb = first == NULL ? NULL : mt_ext_spec_mesh(d, ((mt_ext_dtensor *)first)->spec);
+  mt_ext_mesh_base *mb =
+      first == NULL ? NULL : mt_ext_spec_mesh(d, ((mt_ext_dtensor *)first)->spec);
   /* Whether the local arrays are C-contiguous: this rank's say on a mesh of one,
    * every member's once agreed, and no say (0) where nothing is agreed. */
   int64_t contig = mb != NULL && mb->member && args_contiguous(d, args, kwargs);
@@ -416,6 +484,13 @@ static PyObject *agree_call(PyObject *module, PyObject *const *args, Py_ssize_t 
 }
 
 PyMethodDef mt_ext_call_agreement_methods[] = {
+    {"call_flags", (PyCFunction)(void (*)(void))call_flags, METH_FASTCALL,
+     "call_flags(args, kwargs) -> int: what the Python door (mpitensor._registry.door) "
+     "must do for a call with these arguments: bit 0, a DTensor among them (or in a "
+     "list or tuple one) is strided; bit 1, grad mode is on and one needs a gradient "
+     "(out= aside); bit 2, they live on more than one mesh (see one_mesh); bit 3, a "
+     "plain numeric ndarray (not 0-d) is among them, taken as replicated. Local.\n\n"
+     "Example: _C.call_flags((dt, 0), {}) & 2"},
     {"call_fingerprint", (PyCFunction)(void (*)(void))call_fingerprint, METH_FASTCALL,
      "call_fingerprint(name, args, kwargs) -> int: a 64-bit fingerprint of the call "
      "name(*args, **kwargs), the same on every rank exactly when the calls are alike "

@@ -107,24 +107,28 @@ def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
         out = _C.reduction_call(func, args, kwargs, caller)
         if out is not NotImplemented:
             return out
-    outer = viewing
     # Every call a program makes pays for this function: the agreement is one C
-    # call, and the usual call (no DebugMode, no plain ndarray to replicate, no
-    # error state to agree on) goes to the entry directly.
+    # call, and the usual call (no DebugMode, no user's rule, no flag of
+    # _C.call_flags, no error state to agree on) runs the entry itself.
     if caller is None:
         flags, call_flags = 0, _C.call_flags(args, kwargs)
     else:
         flags = _call_agreement.agree_call(name or _names.get(func) or call_label(func, args),
                                            args, kwargs, caller)
         call_flags = flags >> _call_agreement.CALL_FLAGS
+    outer = viewing
     viewing = (func, flags) if flags & _PROGRAM else None
     try:
         if flags & _PROGRAM and _C.errstate_raises():
             return _errors_agreed(func, args, kwargs, name, lambda: _door_run(
                 func, args, kwargs, name, flags, call_flags))
-        if flags & _DOOR_PLAIN or _modes.recorders:
+        entry = None if call_flags or rules or _modes.recorders else functions.get(func)
+        if entry is None:
             return _door_run(func, args, kwargs, name, flags, call_flags)
-        return _entry(func, args, kwargs, name, False, call_flags)
+        try:
+            return entry(*args, **kwargs)
+        except NoRule as e:
+            return gather_call(func, args, kwargs, name, cause=e)
     finally:
         viewing = outer
 
