@@ -524,11 +524,11 @@ static inline int key_bound(PyObject *b) { return b == Py_None || PyLong_CheckEx
 /* index_key(key): see the method table. */
 static PyObject *index_key(PyObject *module, PyObject *key) {
   (void)module;
-  int whole = PyTuple_CheckExact(key);
-  Py_ssize_t n = whole ? PyTuple_GET_SIZE(key) : 1;
+  int parts = PyTuple_CheckExact(key);
+  Py_ssize_t n = parts ? PyTuple_GET_SIZE(key) : 1;
   PyObject *out = PyTuple_New(n);
   for (Py_ssize_t i = 0; out != NULL && i < n; ++i) {
-    PyObject *k = whole ? PyTuple_GET_ITEM(key, i) : key, *item = NULL;
+    PyObject *k = parts ? PyTuple_GET_ITEM(key, i) : key, *item = NULL;
     if (PySlice_Check(k)) {
       PySliceObject *s = (PySliceObject *)k;
       if (!key_bound(s->start) || !key_bound(s->stop) || !key_bound(s->step)) break;

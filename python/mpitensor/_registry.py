@@ -90,14 +90,15 @@ def call(func, *args, **kwargs):
 
 def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
     """``func(*args, **kwargs)`` on DTensors, the one door of the calls written in
-    Python: agreed first when the frame ``caller`` is a program's (every rank
-    raises the same ValueError when the calls differ), each plain ndarray beside
-    DTensors taken as replicated once agreed; then a user's rule, or the C
-    reduction method, or the registered entry, with strided operands moved to
-    plain layouts and the call recorded for autograd; where the rule does not
-    cover these arguments (it raised NoRule before anything moved, on every rank
-    alike), NumPy on the gathered arrays (:func:`gather_call`, under ``name``).
-    Collective on the mesh when the call is agreed or moves data.
+    Python: a reduction the C method takes as it is (``np.sum(x, axis=1)``) is
+    agreed and run by C in one call; any other call is agreed first when the
+    frame ``caller`` is a program's (every rank raises the same ValueError when
+    the calls differ), each plain ndarray beside DTensors taken as replicated once
+    agreed; then a user's rule, or the registered entry, with strided operands
+    moved to plain layouts and the call recorded for autograd; where the rule does
+    not cover these arguments (it raised NoRule before anything moved, on every
+    rank alike), NumPy on the gathered arrays (:func:`gather_call`, under
+    ``name``). Collective on the mesh when the call is agreed or moves data.
 
     Example: ``door(np.concatenate, ([a, b],), {"axis": 1}, None, sys._getframe(1))``.
     """
