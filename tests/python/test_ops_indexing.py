@@ -257,6 +257,32 @@ def test_repeated_keys_reuse_the_plan_on_new_data():
         assert_matches(a[(slice(np.int64(1), None), 0)], full[1:, 0])
 
 
+def test_keys_alike_to_a_cache_are_told_apart():
+    """The plan cache's key (_C.index_key) keeps what NumPy tells apart: True is
+    not 1 and a float is no int (both take the uncached path), a NumPy integer is
+    its int, ``k`` and ``(k,)`` are one key; whatever the order the keys come in,
+    each result is NumPy's, and a bool key the TypeError DTensor indexing gives it
+    (NumPy's reading of it, a new axis, is never taken for 1)."""
+    from mpitensor import _C
+    assert _C.index_key((slice(1, None, 2), np.int64(3), None, Ellipsis)) == (
+        (1, None, 2), 3, None, Ellipsis)
+    assert _C.index_key(1) == _C.index_key((1,)) == (1,) and _C.index_key(()) == ()
+    for key in (True, np.True_, 1.0, (slice(1.0, None),), (slice(None, True),), [1],
+                (1, [0])):
+        assert _C.index_key(key) is None, key
+    mesh = mesh_of((W,))
+    full = np.arange(30.0).reshape(6, 5)
+    dt = make(full, mesh, [S0])
+    keys = [1, (1,), np.int64(1), True, (True, 0), (slice(1, 3), 0), (slice(1, 3), False),
+            (Ellipsis, 1), (None, 1), (1, None)]
+    for key in keys + keys[::-1]:
+        if any(type(k) is bool for k in (key if type(key) is tuple else (key,))):
+            with pytest.raises(TypeError, match="bool"):
+                dt[key]
+        else:
+            assert_matches(dt[key], full[key])
+
+
 def test_zero_d_integer_arrays_are_ints():
     dt = make(np.arange(12.0).reshape(3, 4), mesh_of((W,)), [S0])
     key = (np.array(2), Ellipsis, np.array(-1))
