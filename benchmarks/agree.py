@@ -2,9 +2,10 @@
 fingerprint that mesh creation, distribute_tensor, redistribute and a program's NumPy
 calls run), against a raw mpi4py ``Allreduce`` of the same three int64 on the same
 ranks; and what it adds to a small NumPy call: ``np.sum(dt, axis=1)``, which a program
-makes and the ranks agree on, against ``dt.sum(axis=1)``, the same operation by the
-reduction method of the C base, which is not agreed; and ``np.cumsum(dt, axis=1)``
-and ``dt.cumsum(axis=1)`` (a method agreed as the function is) against NumPy's
+makes and the ranks agree on, against ``dt.sum(axis=1)``, the same call by the
+reduction method of the C base, agreed alike (the two forms are one call); and
+``np.cumsum(dt, axis=1)`` and ``dt.cumsum(axis=1)`` (a method agreed as the function
+is) against NumPy's
 ``cumsum`` of the local block; and indexing, agreed at every index: ``rep[3]`` and
 ``rep[3] = 1.0`` of a Replicate DTensor (one agreement each, where the index was local)
 against the same on the local block, and ``dt[1:5]`` of a sharded one (its agreement
