@@ -53,6 +53,27 @@ static int plain_keywords(const mt_ext_dispatch *d, PyObject *kwnames) {
   return 1 + out;
 }
 
+/* The (args, kwargs) of func(*prefix, *args, **kwargs) from a vectorcall whose
+ * last keyword arguments kwnames names, into *pos and *kw (new references). 0, or
+ * -1 with an exception and nothing made. */
+static int call_args(PyObject *const *prefix, Py_ssize_t npre, PyObject *const *args,
+                     Py_ssize_t nargs, PyObject *kwnames, PyObject **pos, PyObject **kw) {
+  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+  *pos = PyTuple_New(npre + nargs), *kw = PyDict_New();
+  int rc = *pos != NULL && *kw != NULL ? 0 : -1;
+  for (Py_ssize_t i = 0; rc == 0 && i < npre; ++i)
+    PyTuple_SET_ITEM(*pos, i, Py_NewRef(prefix[i]));
+  for (Py_ssize_t i = 0; rc == 0 && i < nargs; ++i)
+    PyTuple_SET_ITEM(*pos, npre + i, Py_NewRef(args[i]));
+  for (Py_ssize_t i = 0; rc == 0 && i < nkw; ++i)
+    rc = PyDict_SetItem(*kw, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]);
+  if (rc < 0) {
+    Py_CLEAR(*pos);
+    Py_CLEAR(*kw);
+  }
+  return rc;
+}
+
 /* func(*prefix, *args, **kwargs) through the Python door (the hook "door",
  * mpitensor._registry.door_from_c): a call this door leaves to Python, from a
  * vectorcall whose last keyword arguments kwnames names; `agreed`: the call's
@@ -64,22 +85,14 @@ static PyObject *python_door(mt_ext_dispatch *d, PyObject *func, PyObject *const
   if (fn == NULL)
     return PyErr_Occurred() ? NULL
                             : PyErr_Format(PyExc_RuntimeError, "no door hook: import mpitensor");
-  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
-  PyObject *pos = PyTuple_New(npre + nargs), *kw = PyDict_New(), *res = NULL;
-  if (pos != NULL && kw != NULL) {
-    for (Py_ssize_t i = 0; i < npre; ++i) PyTuple_SET_ITEM(pos, i, Py_NewRef(prefix[i]));
-    for (Py_ssize_t i = 0; i < nargs; ++i)
-      PyTuple_SET_ITEM(pos, npre + i, Py_NewRef(args[i]));
-    int rc = 0;
-    for (Py_ssize_t i = 0; rc == 0 && i < nkw; ++i)
-      rc = PyDict_SetItem(kw, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]);
-    PyObject *stack[4] = {func, pos, kw, agreed ? Py_True : Py_False};
-    Py_INCREF(fn); /* the hook may be replaced while it runs */
-    if (rc == 0) res = mt_ext_hook(d, MT_HOOK_ENTRY, fn, stack, 4, NULL);
-    Py_DECREF(fn);
-  }
-  Py_XDECREF(pos);
-  Py_XDECREF(kw);
+  PyObject *pos, *kw;
+  if (call_args(prefix, npre, args, nargs, kwnames, &pos, &kw) < 0) return NULL;
+  PyObject *stack[4] = {func, pos, kw, agreed ? Py_True : Py_False};
+  Py_INCREF(fn); /* the hook may be replaced while it runs */
+  PyObject *res = mt_ext_hook(d, MT_HOOK_ENTRY, fn, stack, 4, NULL);
+  Py_DECREF(fn);
+  Py_DECREF(pos);
+  Py_DECREF(kw);
   return res;
 }
 
@@ -134,20 +147,11 @@ static int agree(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *label
   PyFrameObject *frame = PyEval_GetFrame();
   int program = frame == NULL ? 1 : mt_ext_by_program(d, (PyObject *)frame);
   if (program <= 0) return program;
-  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
-  PyObject *pos = PyTuple_New(npre - 1 + nargs), *kw = PyDict_New();
-  long flags = -1;
-  if (pos != NULL && kw != NULL) {
-    for (Py_ssize_t i = 1; i < npre; ++i) PyTuple_SET_ITEM(pos, i - 1, Py_NewRef(prefix[i]));
-    for (Py_ssize_t i = 0; i < nargs; ++i)
-      PyTuple_SET_ITEM(pos, npre - 1 + i, Py_NewRef(args[i]));
-    int rc = 0;
-    for (Py_ssize_t i = 0; rc == 0 && i < nkw; ++i)
-      rc = PyDict_SetItem(kw, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]);
-    if (rc == 0) flags = mt_ext_agree_call(d, label, pos, kw, 1);
-  }
-  Py_XDECREF(pos);
-  Py_XDECREF(kw);
+  PyObject *pos, *kw;
+  if (call_args(prefix + 1, npre - 1, args, nargs, kwnames, &pos, &kw) < 0) return -1;
+  long flags = mt_ext_agree_call(d, label, pos, kw, 1);
+  Py_DECREF(pos);
+  Py_DECREF(kw);
   return flags < 0 ? -1 : 0;
 }
 
@@ -494,7 +498,8 @@ static PyObject *reduction_call(PyObject *module, PyObject *const *a, Py_ssize_t
   int m = method_of(d, sig);
   Py_ssize_t nargs = PyTuple_GET_SIZE(args), nkw = PyDict_GET_SIZE(kwargs), pos = 0, k = 0;
   /* What the method takes: the DTensor itself, then axis and keepdims. */
-  if (m < 0 || nargs < 1 || nargs > 2 || nkw > 2 ||
+  /* A user's rule is the Python door's to run, before any agreement here. */
+  if (m < 0 || sig->user_rule || nargs < 1 || nargs > 2 || nkw > 2 ||
       Py_TYPE(PyTuple_GET_ITEM(args, 0)) != d->dtensor)
     Py_RETURN_NOTIMPLEMENTED;
   while (PyDict_Next(kwargs, &pos, &key, &v))

@@ -250,6 +250,27 @@ def test_a_cached_operation_calls_python_once(mesh):
             "error": 0, "dtype": 2 * miss, "errstate": 0, "deferred": 0, "runs": 2}
 
 
+def test_a_reduction_function_runs_in_c_or_its_rule_in_python_without_a_round_trip(mesh):
+    """np.sum(x, axis=1) as the method takes it is agreed and run in one C call
+    (no call into Python but the local function); with a user's rule for np.sum,
+    the Python door runs the rule itself, never handed back from C."""
+    from mpitensor import _registry
+    a = mt.distribute_tensor(np.ones((2 * W, 6)), mesh, [Shard(0)])
+    np.sum(a, axis=1)  # the decision made
+    before = _trace.hook_stats()
+    np.testing.assert_array_equal(np.sum(a, axis=1).full_tensor(), np.full(2 * W, 6.0))
+    after = _trace.hook_stats()
+    assert after["entry"] == before["entry"] and after["local"] == before["local"] + 1
+    seen = []
+    _registry.set_rule(np.sum, lambda args, kwargs: seen.append(kwargs) or "ruled")
+    try:
+        before = _trace.hook_stats()
+        assert np.sum(a, axis=1) == "ruled" and seen == [{"axis": 1}]
+        assert _trace.hook_stats()["entry"] == before["entry"]
+    finally:
+        _registry.set_rule(np.sum, None)
+
+
 def test_numpy_decides_a_result_dtype_through_the_hook_table_once_per_decision(mesh):
     """The dtype of the result (NumPy's: ufunc.resolve_dtypes, a reduction of a
     stand-in) is asked on a miss only, and counted as C's other calls into Python."""
