@@ -110,13 +110,13 @@ def replaced(path: str, save_old, save_new, releases, asks: bool) -> list:
     return everywhere(p)
 
 
-def settled(run, tries: int = 8) -> list:
+def settled(run, tries: int = 20) -> list:
     """Collective. ``run()``'s problems (the same on every rank), run again up to
     ``tries`` times while it has some, a moment apart: the kernel can keep a clean
     page that is busy for a moment (in another CPU's batch of new pages, or read
-    ahead), which nothing the save does can prevent, and on a loaded machine three
-    tries in a row were not always enough. A save that never releases fails every
-    try."""
+    ahead), which nothing the save does can prevent, and on a loaded machine (the
+    one-rank pass beside the C analyzers) eight tries in a row were not always
+    enough. A save that never releases fails every try."""
     for attempt in range(tries):
         if attempt:
             time.sleep(0.1)
