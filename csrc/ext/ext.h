@@ -199,7 +199,8 @@ typedef struct mt_ext_sig {
   Py_ssize_t small_size;
   int64_t id;       /* its op id in the memo */
   mt_op_sig op;
-  int nin, nout;  /* ufunc */
+  int nin, nout;  /* ufunc, or elementwise function (register_elementwise) */
+  int ufunc;      /* a NumPy ufunc: its resolve_dtypes gives the result's dtype */
   int int_axis;   /* reduction: axis is an int or None (argmax, argmin) */
   int user_rule;  /* a user's register_sharding rule: the Python door runs it */
   PyObject *grad_name, *grad_backward; /* NULL: no backward */
@@ -283,6 +284,7 @@ struct mt_ext_dispatch {
   PyTypeObject *deferred_type;
   PyObject *deferred;
   PyObject *isnan; /* numpy.isnan, which may defer (ext_entry.c) */
+  PyObject *where; /* numpy.where, which may defer too */
   mt_ext_modes *modes; /* the module state's */
   /* (name, backward) of the moves redistribute records, and of the views the
    * executor reads strided operands through (register_grad); NULL: none. */
@@ -639,9 +641,10 @@ int mt_ext_call_flags(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs);
 int mt_ext_by_program(mt_ext_dispatch *d, PyObject *frame);
 /* `_C.agree_call` once the caller is judged (`program`): the ranks agree on
  * name(*args, **kwargs) when a program made it on a mesh of more than one rank;
- * its flags, or -1 with the agreed exception. */
+ * its flags (call_flags' bits only `with_flags`: a C door that runs the call
+ * needs none), or -1 with the agreed exception. */
 long mt_ext_agree_call(mt_ext_dispatch *d, PyObject *name, PyObject *args, PyObject *kwargs,
-                       int program);
+                       int program, int with_flags);
 
 /* -- operands on one mesh (ext_one_mesh.c) ------------------------------------------ */
 

@@ -427,8 +427,8 @@ static void mismatch_message(PyObject *name, mt_error *err) {
 }
 
 long mt_ext_agree_call(mt_ext_dispatch *d, PyObject *name, PyObject *args, PyObject *kwargs,
-                       int program) {
-  int flags = mt_ext_call_flags(d, args, kwargs);
+                       int program, int with_flags) {
+  int flags = with_flags ? mt_ext_call_flags(d, args, kwargs) : 0;
   PyObject *first = NULL; /* borrowed: the arguments hold it */
   if (program && !d->modes->checks) {
     first = first_dtensor(d, PySequence_Fast_ITEMS(args), PyTuple_GET_SIZE(args));
@@ -479,7 +479,7 @@ static PyObject *agree_call(PyObject *module, PyObject *const *args, Py_ssize_t 
                         "agree_call(name: str, args: tuple, kwargs: dict, caller: frame)");
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
   int program = mt_ext_by_program(d, args[3]);
-  long flags = program < 0 ? -1 : mt_ext_agree_call(d, args[0], args[1], args[2], program);
+  long flags = program < 0 ? -1 : mt_ext_agree_call(d, args[0], args[1], args[2], program, 1);
   return flags < 0 ? NULL : PyLong_FromLong(flags);
 }
 

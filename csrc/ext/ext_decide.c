@@ -239,12 +239,13 @@ PyArray_Descr *mt_ext_keyword_dtype(const mt_ext_op *op) {
 
 /* The mt_dtype of the op's local result, which decides the Partials it keeps
  * exactly (mt_dimmap_dtypes); -1 where it is not known before the op runs (an op
- * entry's own local function). A dtype= keyword gives it, else NumPy does; what
+ * entry's own local function, or a registered function that is no ufunc, whose
+ * Partials are reduced first whatever its dtype). A dtype= keyword gives it, else NumPy does; what
  * NumPy refuses here it raises when the op runs. */
 static int result_dtype(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call *c) {
   if (op->sig == NULL) return -1;
   PyObject *descr = (PyObject *)mt_ext_keyword_dtype(op);
-  if (descr == NULL && op->sig->op.family != MT_OP_REDUCTION)
+  if (descr == NULL && op->sig->ufunc)
     descr = ufunc_result(d, op, c);
   else if (descr == NULL && op->sig->op.rule.reduce_op >= 0)
     descr = reduction_result(d, op, c);

@@ -149,7 +149,7 @@ static int agree(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *label
   if (program <= 0) return program;
   PyObject *pos, *kw;
   if (call_args(prefix + 1, npre - 1, args, nargs, kwnames, &pos, &kw) < 0) return -1;
-  long flags = mt_ext_agree_call(d, label, pos, kw, 1);
+  long flags = mt_ext_agree_call(d, label, pos, kw, 1, 0);
   Py_DECREF(pos);
   Py_DECREF(kw);
   return flags < 0 ? -1 : 0;
@@ -487,30 +487,32 @@ static int method_of(const mt_ext_dispatch *d, const mt_ext_sig *sig) {
   return -1;
 }
 
-/* reduction_call(func, args, kwargs, caller): see the method table. */
-static PyObject *reduction_call(PyObject *module, PyObject *const *a, Py_ssize_t n) {
-  if (n != 4 || !PyTuple_Check(a[1]) || !PyDict_Check(a[2]))
-    return PyErr_Format(PyExc_TypeError,
-                        "reduction_call(func, args: tuple, kwargs: dict, caller)");
-  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
-  PyObject *args = a[1], *kwargs = a[2], *key, *v;
-  const mt_ext_sig *sig = mt_ext_sig_of(d, a[0]);
+/* The agreement of func(*args, **kwargs) for a C door that runs it (its frame
+ * `caller`; None: mpitensor's own call, not agreed). 0, or -1 with the agreed
+ * exception. */
+static int agree_on(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,
+                    PyObject *kwargs, PyObject *caller) {
+  if (caller == Py_None) return 0;
+  int program = mt_ext_by_program(d, caller);
+  return program < 0 || mt_ext_agree_call(d, sig->label, args, kwargs, program, 0) < 0 ? -1 : 0;
+}
+
+/* np.sum(x, axis=1) and its kin as the DTensor method runs them, when the call is
+ * one the method takes: the DTensor itself, then axis and keepdims. np.all and
+ * np.any are not: their function keeps a bool Partial that the method reduces. */
+static PyObject *reduction_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,
+                                PyObject *kwargs, PyObject *caller) {
   int m = method_of(d, sig);
   Py_ssize_t nargs = PyTuple_GET_SIZE(args), nkw = PyDict_GET_SIZE(kwargs), pos = 0, k = 0;
-  /* What the method takes: the DTensor itself, then axis and keepdims. */
-  /* A user's rule is the Python door's to run, before any agreement here. */
-  if (m < 0 || sig->user_rule || nargs < 1 || nargs > 2 || nkw > 2 ||
+  PyObject *key, *v;
+  if (m < 0 || m == MT_RED_all || m == MT_RED_any || nargs < 1 || nargs > 2 || nkw > 2 ||
       Py_TYPE(PyTuple_GET_ITEM(args, 0)) != d->dtensor)
     Py_RETURN_NOTIMPLEMENTED;
   while (PyDict_Next(kwargs, &pos, &key, &v))
     if (!PyUnicode_Check(key) || (PyUnicode_Compare(key, d->str[MT_S_AXIS]) != 0 &&
                                   PyUnicode_Compare(key, d->str[MT_S_KEEPDIMS]) != 0))
       Py_RETURN_NOTIMPLEMENTED;
-  if (a[3] != Py_None) {
-    int program = mt_ext_by_program(d, a[3]);
-    if (program < 0 || mt_ext_agree_call(d, sig->label, args, kwargs, program) < 0)
-      return NULL;
-  }
+  if (agree_on(d, sig, args, kwargs, caller) < 0) return NULL;
   PyObject *stack[3], *kwnames = nkw > 0 ? PyTuple_New(nkw) : NULL;
   if (nkw > 0 && kwnames == NULL) return NULL;
   if (nargs == 2) stack[k++] = PyTuple_GET_ITEM(args, 1);
@@ -521,6 +523,63 @@ static PyObject *reduction_call(PyObject *module, PyObject *const *a, Py_ssize_t
   PyObject *out = reduce(d, m, PyTuple_GET_ITEM(args, 0), stack, nargs - 1, kwnames);
   Py_XDECREF(kwnames);
   return out;
+}
+
+/* Whether func(*args, **kwargs) of a registered elementwise function is a call
+ * the executor may take as it is: its operands first, none None, then only None
+ * positionally (clip's out), no keyword; each DTensor's block an ndarray (a
+ * waiting one is read by its entry, mpitensor._ops._deferring), and no DTensor
+ * condition of np.where large enough that its entry may defer the call. */
+static int elementwise_takes(const mt_ext_dispatch *d, const mt_ext_sig *sig,
+                             PyObject *args, PyObject *kwargs) {
+  Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+  if (nargs < sig->nin || PyDict_GET_SIZE(kwargs) != 0) return 0;
+  for (Py_ssize_t i = 0; i < nargs; ++i) {
+    PyObject *o = PyTuple_GET_ITEM(args, i);
+    if ((o == Py_None) != (i >= sig->nin)) return 0;
+    if (Py_TYPE(o) == d->dtensor && !PyArray_CheckExact(((mt_ext_dtensor *)o)->local))
+      return 0;
+  }
+  return sig->func != d->where || !may_defer(d, PyTuple_GET_ITEM(args, 0));
+}
+
+/* func(*args) of a registered elementwise function (np.where, np.clip): agreed,
+ * then run by the executor when its operands are DTensors of one mesh and
+ * scalars, none strided and no gradient wanted; else, agreed, by the Python door. */
+static PyObject *elementwise_call(mt_ext_dispatch *d, const mt_ext_sig *sig,
+                                  PyObject *args, PyObject *kwargs, PyObject *caller) {
+  if (!elementwise_takes(d, sig, args, kwargs)) Py_RETURN_NOTIMPLEMENTED;
+  if (agree_on(d, sig, args, kwargs, caller) < 0) return NULL;
+  PyObject *const *ops = &PyTuple_GET_ITEM(args, 0);
+  mt_ext_call c;
+  int rc = gather_fast(d, ops, sig->nin, &c, sig->func, 1);
+  if (rc < 0) PyErr_Clear(); /* the Python door raises what it must */
+  if (rc <= 0 || c.mixed || c.strided ||
+      (mt_ext_grad_wanted(d->modes) && c.key.grad != 0)) {
+    if (rc > 0) mt_ext_call_release(&c);
+    if (caller == Py_None) Py_RETURN_NOTIMPLEMENTED;
+    return python_door(d, sig->func, NULL, 0, ops, PyTuple_GET_SIZE(args), NULL, 1);
+  }
+  c.key.op = sig->id;
+  mt_ext_op op = {sig, sig->func, NULL, 0, 0, sig->func, NULL, 0, NULL, 0, NULL};
+  PyObject *out = mt_ext_execute(d, &op, &c, ops);
+  mt_ext_call_release(&c);
+  return out;
+}
+
+/* executor_call(func, args, kwargs, caller): see the method table. */
+static PyObject *executor_call(PyObject *module, PyObject *const *a, Py_ssize_t n) {
+  if (n != 4 || !PyTuple_Check(a[1]) || !PyDict_Check(a[2]))
+    return PyErr_Format(PyExc_TypeError,
+                        "executor_call(func, args: tuple, kwargs: dict, caller)");
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  const mt_ext_sig *sig = mt_ext_sig_of(d, a[0]);
+  /* A user's rule is the Python door's to run, before any agreement here. */
+  if (sig == NULL || sig->user_rule) Py_RETURN_NOTIMPLEMENTED;
+  if (sig->op.family == MT_OP_REDUCTION) return reduction_call(d, sig, a[1], a[2], a[3]);
+  /* A ufunc's calls reach the executor through __array_ufunc__. */
+  return sig->ufunc ? Py_NewRef(Py_NotImplemented)
+                    : elementwise_call(d, sig, a[1], a[2], a[3]);
 }
 
 /* A slice bound as a basic key caches it: None or an exact int. */
@@ -573,13 +632,15 @@ PyMethodDef mt_ext_entry_methods[] = {
      "`func` over every element of one strided DTensor, with dtype= at most, and "
      "the expansion exists; else None. Local.\n\n"
      "Example: _C.whole_view(numpy.sum, (dt,), {})"},
-    {"reduction_call", (PyCFunction)(void (*)(void))reduction_call, METH_FASTCALL,
-     "reduction_call(func, args, kwargs, caller) -> NumPy's reduction func(*args, "
-     "**kwargs) as the DTensor method runs it, when the call is one the method takes "
-     "(a DTensor, then axis= and keepdims=; else NotImplemented): agreed first as "
-     "agree_call agrees on the frame `caller` (None: not agreed, as mpitensor's own "
-     "calls). Collective on the mesh when agreed or when the reduction moves data.\n\n"
-     "Example: _C.reduction_call(numpy.sum, (dt,), {'axis': 1}, sys._getframe(1))"},
+    {"executor_call", (PyCFunction)(void (*)(void))executor_call, METH_FASTCALL,
+     "executor_call(func, args, kwargs, caller) -> func(*args, **kwargs) run by the "
+     "executor in one C call, when the call is one it takes as it is (else "
+     "NotImplemented): a reduction the DTensor method takes (a DTensor, then axis= "
+     "and keepdims=; not all or any), or a function of register_elementwise on "
+     "DTensors and scalars. Agreed first as agree_call agrees on the frame `caller` "
+     "(None: not agreed, as mpitensor's own calls). Collective on the mesh when "
+     "agreed or when the call moves data.\n\n"
+     "Example: _C.executor_call(numpy.sum, (dt,), {'axis': 1}, sys._getframe(1))"},
     {"index_key", index_key, METH_O,
      "index_key(key) -> a hashable stand-in for a basic key of ints, slices of ints, "
      "None and ... (NumPy's integer scalars as ints), else None: such keys take the "

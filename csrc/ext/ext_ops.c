@@ -75,6 +75,23 @@ static PyObject *register_ufunc(PyObject *module, PyObject *args) {
   mt_ext_sig *sig = add_sig(d, ufunc, label);
   if (sig == NULL) return NULL;
   sig->op.family = family, sig->op.kind = kind, sig->nin = nin, sig->nout = nout;
+  sig->ufunc = 1;
+  Py_RETURN_NONE;
+}
+
+/* register_elementwise(func, nin, label) */
+static PyObject *register_elementwise(PyObject *module, PyObject *args) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  PyObject *func, *label;
+  int nin;
+  if (!PyArg_ParseTuple(args, "OiU:register_elementwise", &func, &nin, &label)) return NULL;
+  if (!PyCallable_Check(func) || nin < 1 || nin > MT_MEMO_MAX_OPERANDS)
+    return PyErr_Format(PyExc_ValueError, "register_elementwise: a callable of 1 to %d "
+                        "operands", MT_MEMO_MAX_OPERANDS);
+  mt_ext_sig *sig = add_sig(d, func, label);
+  if (sig == NULL) return NULL;
+  sig->op.family = MT_OP_ELEMENTWISE, sig->op.kind = MT_ELEMENTWISE_NONE;
+  sig->nin = nin, sig->nout = 1;
   Py_RETURN_NONE;
 }
 
@@ -164,6 +181,7 @@ static int load_numpy(mt_ext_dispatch *d) {
   for (int i = 0; rc == 0 && i < MT_EXT_NUFUNC; ++i)
     rc = (d->ufunc[i] = PyObject_GetAttrString(np, ufunc_names[i])) ? 0 : -1;
   if (rc == 0) rc = (d->isnan = PyObject_GetAttrString(np, "isnan")) ? 0 : -1;
+  if (rc == 0) rc = (d->where = PyObject_GetAttrString(np, "where")) ? 0 : -1;
   Py_DECREF(np);
   return rc;
 }
@@ -231,6 +249,12 @@ PyMethodDef mt_ext_ops_methods[] = {
      "register_ufunc(ufunc, family, kind, label): a ufunc's signature (FAMILY_ELEMENTWISE "
      "with an ELEMENTWISE_* kind, or FAMILY_MATMUL) and the name its calls are agreed "
      "by. Local."},
+    {"register_elementwise", register_elementwise, METH_VARARGS,
+     "register_elementwise(func, nin, label): a NumPy function of `nin` operands that "
+     "the executor runs as an elementwise call whose Partials are reduced first "
+     "(numpy.where, numpy.clip): executor_call takes its calls of DTensors and "
+     "scalars. Local.\n\n"
+     "Example: _C.register_elementwise(numpy.where, 3, 'numpy.where')"},
     {"register_reduction", register_reduction, METH_VARARGS,
      "register_reduction(func, method, reduce_op, partial_rule, partial_ops, even_only, "
      "label): a reduction's signature, the DTensor method it backs (reduce_op -1: the "
@@ -287,8 +311,8 @@ int mt_ext_ops_exec(PyObject *module) {
 /* Every object the state holds, for traverse and clear. */
 #define MT_EXT_OPS_OBJECTS(X, d)                                                      \
   X(d->dtensor); X(d->spec); X(d->node_type); X(d->request_type); X(d->move_grad);    \
-  X(d->deferred_type); X(d->deferred); X(d->isnan); X(d->view_grad); X(d->hooks);     \
-  X(d->ufunc_type); X(d->replicate); X(d->op_ids); X(d->strided);                     \
+  X(d->deferred_type); X(d->deferred); X(d->isnan); X(d->where); X(d->hooks);        \
+  X(d->view_grad); X(d->ufunc_type); X(d->replicate); X(d->op_ids); X(d->strided);    \
   X(d->kw_keepdims); X(d->kw_out); X(d->errstate_var);                                \
   X(d->errstate_seen[0]); X(d->errstate_seen[1]);                                     \
   for (int i_ = 0; i_ < MT_S_COUNT; ++i_) X(d->str[i_]);                              \

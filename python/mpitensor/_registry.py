@@ -90,8 +90,8 @@ def call(func, *args, **kwargs):
 
 def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
     """``func(*args, **kwargs)`` on DTensors, the one door of the calls written in
-    Python: a reduction the C method takes as it is (``np.sum(x, axis=1)``) is
-    agreed and run by C in one call; any other call is agreed first when the
+    Python: a call the executor takes as it is (``np.sum(x, axis=1)``,
+    ``np.where(m, x, 0)``) is agreed and run by C in one call; any other call is agreed first when the
     frame ``caller`` is a program's (every rank raises the same ValueError when
     the calls differ), each plain ndarray beside DTensors taken as replicated once
     agreed; then a user's rule, or the registered entry, with strided operands
@@ -103,9 +103,10 @@ def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
     Example: ``door(np.concatenate, ([a, b],), {"axis": 1}, None, sys._getframe(1))``.
     """
     global viewing
-    if func in _C_METHODS and name is None and not _modes.recorders:
-        # A reduction the C method takes is agreed and run in one C call.
-        out = _C.reduction_call(func, args, kwargs, caller)
+    if name is None and not _modes.recorders:
+        # A call the executor takes as it is (np.sum(x, axis=1), np.where(m, x, 0))
+        # is agreed and run in one C call; C alone knows which those are.
+        out = _C.executor_call(func, args, kwargs, caller)
         if out is not NotImplemented:
             return out
     # Every call a program makes pays for this function: the agreement is one C
@@ -324,11 +325,6 @@ def call_label(func, args: tuple = (), name: str | None = None) -> str:
     return name
 
 
-# The reductions the C base runs as methods as their functions do, given only
-# axis= and keepdims= (_C.reduction_call; all and any are not: np.all keeps a bool
-# Partial, the method reduces it).
-_C_METHODS = frozenset(getattr(np, name) for name in ("sum", "mean", "prod", "max", "min",
-                                                      "std", "var", "argmax", "argmin"))
 _STRIDED, _GRAD, _MESHES, _PLAIN = (_call_agreement.CALL_STRIDED, _call_agreement.CALL_GRAD,
                                     _call_agreement.CALL_MESHES, _call_agreement.CALL_PLAIN)
 _PROGRAM, _DOOR_PLAIN = _call_agreement.PROGRAM, _call_agreement.PLAIN
@@ -341,10 +337,10 @@ def _run(func, args: tuple, kwargs: dict, from_c: bool, flags: int = -1):
     rule = _rule_of(func, args) if rules else None
     entry = None
     if rule is None:
-        if not from_c and func in _C_METHODS:
-            # The C method runs the same rule without a Python entry (and comes
-            # back here, from_c, for what it does not take).
-            out = _C.reduction_call(func, args, kwargs, None)
+        if not from_c:
+            # The executor runs what it takes as it is without a Python entry (and
+            # comes back here, from_c, for what it does not take).
+            out = _C.executor_call(func, args, kwargs, None)
             if out is not NotImplemented:
                 return out
         entry = functions.get(func)

@@ -271,6 +271,55 @@ def test_a_reduction_function_runs_in_c_or_its_rule_in_python_without_a_round_tr
         _registry.set_rule(np.sum, None)
 
 
+def test_where_and_clip_of_dtensors_and_scalars_run_in_c_else_in_their_entries(
+        mesh, monkeypatch):
+    """np.where(m, x, y) and np.clip(x, lo, hi) (and x.clip(lo, hi)) of DTensors and
+    scalars are agreed and run in one C call, their Python entries never entered,
+    a Partial reduced first as the entries reduce it (a plain ndarray of one
+    element replicated, as the executor takes it); a None bound, a keyword, a
+    larger plain ndarray (replicated once the agreement has found it alike on
+    every rank) or a gradient wanted leaves the call to the entry. Either way,
+    NumPy's answer."""
+    from mpitensor import _registry
+    entered = []
+    for func in (np.where, np.clip):
+        entry = _registry.functions[func]
+        monkeypatch.setitem(_registry.functions, func, lambda *a, _e=entry, **k: (
+            entered.append(_e.__name__), _e(*a, **k))[1])
+    a = np.arange(4.0 * W * 3).reshape(4 * W, 3) - 5
+    x = mt.distribute_tensor(a, mesh, [Shard(0)])
+    r = mt.distribute_tensor(a[::-1].copy(), mesh, [Replicate()])
+    p = make(a, mesh, [Partial("sum")])  # the sum of every rank's block is a
+    in_c = [(lambda: np.where(x > 2, x, 0.0), np.where(a > 2, a, 0.0)),
+            (lambda: np.where(x > 2, x, r), np.where(a > 2, a, a[::-1])),
+            (lambda: np.where(x > 2, 1, 2), np.where(a > 2, 1, 2)),
+            (lambda: np.where(x > 2, x, np.array(0.5)), np.where(a > 2, a, 0.5)),
+            (lambda: np.where(x > 2, x, np.full(1, 0.5)), np.where(a > 2, a, 0.5)),
+            (lambda: np.clip(x, -1, 3), np.clip(a, -1, 3)),
+            (lambda: np.clip(x, r, 9.5), np.clip(a, a[::-1], 9.5)),
+            (lambda: x.clip(-1, 3), a.clip(-1, 3)),
+            (lambda: np.clip(p, 0, 20), np.clip(a, 0, 20))]
+    in_entry = [(lambda: np.clip(x, -1, None), np.clip(a, -1, None)),
+                (lambda: np.clip(x, a_min=-1, a_max=3), np.clip(a, -1, 3)),
+                (lambda: np.clip(x, -1, 3, out=None), np.clip(a, -1, 3)),
+                (lambda: np.where(x > 2, x, np.arange(3.0)), np.where(a > 2, a, np.arange(3.0)))]
+    for calls, enters in ((in_c, False), (in_entry, True)):
+        for call, want in calls:
+            call()  # the decision made
+            before, entered[:] = _trace.hook_stats(), []
+            got = call()
+            assert bool(entered) == enters, want
+            if not enters:
+                assert _trace.hook_stats()["entry"] == before["entry"]
+            full = got.full_tensor()
+            assert full.dtype == want.dtype
+            np.testing.assert_array_equal(full, want)
+    g = mt.distribute_tensor(a, mesh, [Shard(0)], requires_grad=True)
+    entered[:] = []
+    np.testing.assert_array_equal(np.clip(g, -1, 3).detach().full_tensor(), np.clip(a, -1, 3))
+    assert entered == ["clip"]
+
+
 def test_numpy_decides_a_result_dtype_through_the_hook_table_once_per_decision(mesh):
     """The dtype of the result (NumPy's: ufunc.resolve_dtypes, a reduction of a
     stand-in) is asked on a miss only, and counted as C's other calls into Python."""
