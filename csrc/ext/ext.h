@@ -201,6 +201,7 @@ typedef struct mt_ext_sig {
   mt_op_sig op;
   int nin, nout;  /* ufunc, or elementwise function (register_elementwise) */
   int ufunc;      /* a NumPy ufunc: its resolve_dtypes gives the result's dtype */
+  int cast;       /* func(x, dtype, copy=True) casts x (register_cast) */
   int int_axis;   /* reduction: axis is an int or None (argmax, argmin) */
   int user_rule;  /* a user's register_sharding rule: the Python door runs it */
   PyObject *grad_name, *grad_backward; /* NULL: no backward */
@@ -272,7 +273,7 @@ enum { MT_EVENT_DECISION, MT_EVENT_MOVE, MT_EVENT_UNMOVED, MT_EVENT_COUNT };
   X(DOOR, "door") X(NAME, "__name__") X(PACKAGE, "mpitensor.")                        \
   X(ARRAY_API, "mpitensor.array_api") X(TESTING, "mpitensor.testing")                 \
   X(MODULE, "__module__") X(QUALNAME, "__qualname__") X(ERRSTATE, "errstate")         \
-  X(SETTLE, "settle") X(RESULT, "result")
+  X(SETTLE, "settle") X(RESULT, "result") X(DTYPE, "dtype") X(COPY, "copy")
 #define MT_EXT_STRING_INDEX(name, _) MT_S_##name,
 enum { MT_EXT_STRINGS(MT_EXT_STRING_INDEX) MT_S_COUNT };
 
@@ -308,7 +309,7 @@ struct mt_ext_dispatch {
   int last_sig;
   PyObject *op_ids; /* an op key -> its op id (bounded) */
   int64_t next_op, redistribute_op;
-  PyObject *str[MT_S_COUNT], *kw_keepdims, *kw_out; /* ("keepdims",), ("out",) */
+  PyObject *str[MT_S_COUNT], *kw_keepdims, *kw_out, *kw_dtype; /* ("keepdims",), ... */
   long long hook_calls[MT_HOOK_COUNT];
   /* NumPy's error state (watch_errstate): its context variable (NULL: not
    * watched), and the last two states seen with whether each raises, held so
@@ -526,6 +527,10 @@ typedef struct mt_ext_op {
 /* The op's dtype= keyword as a NumPy dtype, or NULL (none, or one NumPy refuses,
  * which then raises in the call itself). New reference. */
 PyArray_Descr *mt_ext_keyword_dtype(const mt_ext_op *op);
+/* mt_ext_decide of the call once its memo key holds the op's dtype= keyword, as
+ * mt_ext_execute decides it. */
+const mt_decision *mt_ext_decide_typed(mt_ext_dispatch *d, const mt_ext_op *op,
+                                       mt_ext_call *c, int *hit);
 /* The decision of the call: the memo's (*hit), else made from the op's signature
  * or its builder's dim map and stored. NULL with an exception. */
 mt_decision *mt_ext_decide(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call *c,

@@ -74,23 +74,30 @@ static int call_args(PyObject *const *prefix, Py_ssize_t npre, PyObject *const *
   return rc;
 }
 
-/* func(*prefix, *args, **kwargs) through the Python door (the hook "door",
- * mpitensor._registry.door_from_c): a call this door leaves to Python, from a
- * vectorcall whose last keyword arguments kwnames names; `agreed`: the call's
- * agreement is made already. */
-static PyObject *python_door(mt_ext_dispatch *d, PyObject *func, PyObject *const *prefix,
-                             Py_ssize_t npre, PyObject *const *args, Py_ssize_t nargs,
-                             PyObject *kwnames, int agreed) {
+/* func(*pos, **kw) through the Python door (the hook "door",
+ * mpitensor._registry.door_from_c): a call a C door leaves to Python; `agreed`:
+ * the call's agreement is made already. */
+static PyObject *door_hook(mt_ext_dispatch *d, PyObject *func, PyObject *pos, PyObject *kw,
+                           int agreed) {
   PyObject *fn = PyDict_GetItemWithError(d->hooks, d->str[MT_S_DOOR]);
   if (fn == NULL)
     return PyErr_Occurred() ? NULL
                             : PyErr_Format(PyExc_RuntimeError, "no door hook: import mpitensor");
-  PyObject *pos, *kw;
-  if (call_args(prefix, npre, args, nargs, kwnames, &pos, &kw) < 0) return NULL;
   PyObject *stack[4] = {func, pos, kw, agreed ? Py_True : Py_False};
   Py_INCREF(fn); /* the hook may be replaced while it runs */
   PyObject *res = mt_ext_hook(d, MT_HOOK_ENTRY, fn, stack, 4, NULL);
   Py_DECREF(fn);
+  return res;
+}
+
+/* door_hook of func(*prefix, *args, **kwargs), from a vectorcall whose last
+ * keyword arguments kwnames names. */
+static PyObject *python_door(mt_ext_dispatch *d, PyObject *func, PyObject *const *prefix,
+                             Py_ssize_t npre, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames, int agreed) {
+  PyObject *pos, *kw;
+  if (call_args(prefix, npre, args, nargs, kwnames, &pos, &kw) < 0) return NULL;
+  PyObject *res = door_hook(d, func, pos, kw, agreed);
   Py_DECREF(pos);
   Py_DECREF(kw);
   return res;
@@ -558,13 +565,84 @@ static PyObject *elementwise_call(mt_ext_dispatch *d, const mt_ext_sig *sig,
       (mt_ext_grad_wanted(d->modes) && c.key.grad != 0)) {
     if (rc > 0) mt_ext_call_release(&c);
     if (caller == Py_None) Py_RETURN_NOTIMPLEMENTED;
-    return python_door(d, sig->func, NULL, 0, ops, PyTuple_GET_SIZE(args), NULL, 1);
+    return door_hook(d, sig->func, args, kwargs, 1);
   }
   c.key.op = sig->id;
   mt_ext_op op = {sig, sig->func, NULL, 0, 0, sig->func, NULL, 0, NULL, 0, NULL};
   PyObject *out = mt_ext_execute(d, &op, &c, ops);
   mt_ext_call_release(&c);
   return out;
+}
+
+/* The dtype of x.astype(dtype, copy=True) (func(x, dtype, {"copy": True}) as
+ * DTensor.astype calls it, or without copy) when the executor may take the call:
+ * x a DTensor without Partials whose block is an ndarray, the dtype a bool or
+ * number in the machine's byte order (whose type number alone tells casts apart
+ * in the memo's key). New reference, or NULL (no exception): the entry's call. */
+static PyArray_Descr *cast_dtype(const mt_ext_dispatch *d, PyObject *args, PyObject *kwargs) {
+  Py_ssize_t pos = 0;
+  PyObject *key, *v, *x = PyTuple_GET_SIZE(args) == 2 ? PyTuple_GET_ITEM(args, 0) : NULL;
+  if (x == NULL || Py_TYPE(x) != d->dtensor ||
+      !PyArray_CheckExact(((mt_ext_dtensor *)x)->local) || PyDict_GET_SIZE(kwargs) > 1)
+    return NULL;
+  /* A Partial is the entry's: it keeps one that the cast keeps exactly, where the
+   * executor would reduce it (on a mesh of one rank, without a move). */
+  PyObject *placements = PyTuple_GET_ITEM(((mt_ext_dtensor *)x)->spec, 1);
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(placements); ++i) {
+    mt_placement code;
+    if (mt_ext_placement_code(d, PyTuple_GET_ITEM(placements, i), &code) < 0) {
+      PyErr_Clear();
+      return NULL;
+    }
+    if (code.kind == MT_PLACEMENT_PARTIAL) return NULL;
+  }
+  while (PyDict_Next(kwargs, &pos, &key, &v))
+    if (v != Py_True || !PyUnicode_Check(key) ||
+        PyUnicode_Compare(key, d->str[MT_S_COPY]) != 0)
+      return NULL;
+  PyArray_Descr *descr = NULL;
+  if (!PyArray_DescrConverter2(PyTuple_GET_ITEM(args, 1), &descr) || descr == NULL) {
+    PyErr_Clear(); /* the entry raises NumPy's error */
+    return NULL;
+  }
+  if ((PyTypeNum_ISBOOL(descr->type_num) || PyTypeNum_ISNUMBER(descr->type_num)) &&
+      PyArray_ISNBO(descr->byteorder))
+    return descr;
+  Py_DECREF(descr);
+  return NULL;
+}
+
+/* x.astype(dtype) (a function of register_cast) of an x without Partials:
+ * agreed, then run by the executor when nothing moves, x is not strided and no
+ * gradient is wanted; else, agreed, by the Python door. */
+static PyObject *cast_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,
+                           PyObject *kwargs, PyObject *caller) {
+  PyArray_Descr *descr = cast_dtype(d, args, kwargs);
+  if (descr == NULL) Py_RETURN_NOTIMPLEMENTED;
+  if (agree_on(d, sig, args, kwargs, caller) < 0) {
+    Py_DECREF(descr);
+    return NULL;
+  }
+  PyObject *x = PyTuple_GET_ITEM(args, 0), *extra[1] = {(PyObject *)descr}, *out = NULL;
+  mt_ext_call c;
+  int rc = gather_fast(d, &x, 1, &c, sig->func, 0), ran = 0;
+  if (rc > 0 && !c.strided && c.mb->member &&
+      !(mt_ext_grad_wanted(d->modes) && c.key.grad != 0)) {
+    int hit;
+    c.key.op = sig->id;
+    mt_ext_op op = {sig, sig->func, NULL, 0, 0, sig->func, extra, 1, d->kw_dtype, 0, NULL};
+    const mt_decision *dec = mt_ext_decide_typed(d, &op, &c, &hit);
+    if (dec != NULL && dec->nplans == 0 && dec->partitioned == 0) {
+      out = mt_ext_run(d, &op, &c, dec, hit, &x);
+      ran = 1;
+    }
+  }
+  if (rc > 0) mt_ext_call_release(&c);
+  Py_DECREF(descr);
+  if (ran) return out;
+  PyErr_Clear(); /* the Python door raises what it must */
+  if (caller == Py_None) Py_RETURN_NOTIMPLEMENTED;
+  return door_hook(d, sig->func, args, kwargs, 1);
 }
 
 /* executor_call(func, args, kwargs, caller): see the method table. */
@@ -578,8 +656,9 @@ static PyObject *executor_call(PyObject *module, PyObject *const *a, Py_ssize_t 
   if (sig == NULL || sig->user_rule) Py_RETURN_NOTIMPLEMENTED;
   if (sig->op.family == MT_OP_REDUCTION) return reduction_call(d, sig, a[1], a[2], a[3]);
   /* A ufunc's calls reach the executor through __array_ufunc__. */
-  return sig->ufunc ? Py_NewRef(Py_NotImplemented)
-                    : elementwise_call(d, sig, a[1], a[2], a[3]);
+  if (sig->ufunc) return Py_NewRef(Py_NotImplemented);
+  return sig->cast ? cast_call(d, sig, a[1], a[2], a[3])
+                   : elementwise_call(d, sig, a[1], a[2], a[3]);
 }
 
 /* A slice bound as a basic key caches it: None or an exact int. */
@@ -636,8 +715,8 @@ PyMethodDef mt_ext_entry_methods[] = {
      "executor_call(func, args, kwargs, caller) -> func(*args, **kwargs) run by the "
      "executor in one C call, when the call is one it takes as it is (else "
      "NotImplemented): a reduction the DTensor method takes (a DTensor, then axis= "
-     "and keepdims=; not all or any), or a function of register_elementwise on "
-     "DTensors and scalars. Agreed first as agree_call agrees on the frame `caller` "
+     "and keepdims=; not all or any), a function of register_elementwise on "
+     "DTensors and scalars, or a cast of register_cast that moves nothing. Agreed first as agree_call agrees on the frame `caller` "
      "(None: not agreed, as mpitensor's own calls). Collective on the mesh when "
      "agreed or when the call moves data.\n\n"
      "Example: _C.executor_call(numpy.sum, (dt,), {'axis': 1}, sys._getframe(1))"},

@@ -392,11 +392,16 @@ static int64_t dtype_word(const mt_ext_op *op) {
   return word;
 }
 
+const mt_decision *mt_ext_decide_typed(mt_ext_dispatch *d, const mt_ext_op *op,
+                                       mt_ext_call *c, int *hit) {
+  c->key.aux |= dtype_word(op);
+  return mt_ext_decide(d, op, c, hit);
+}
+
 PyObject *mt_ext_execute(mt_ext_dispatch *d, const mt_ext_op *op, mt_ext_call *c,
                          PyObject *const *ops) {
   int hit;
-  c->key.aux |= dtype_word(op);
-  const mt_decision *dec = mt_ext_decide(d, op, c, &hit);
+  const mt_decision *dec = mt_ext_decide_typed(d, op, c, &hit);
   return dec == NULL ? NULL : mt_ext_run(d, op, c, dec, hit, ops);
 }
 

@@ -95,6 +95,18 @@ static PyObject *register_elementwise(PyObject *module, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* register_cast(func, label) */
+static PyObject *register_cast(PyObject *module, PyObject *args) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  PyObject *func, *label;
+  if (!PyArg_ParseTuple(args, "OU:register_cast", &func, &label)) return NULL;
+  mt_ext_sig *sig = add_sig(d, func, label);
+  if (sig == NULL) return NULL;
+  sig->op.family = MT_OP_ELEMENTWISE, sig->op.kind = MT_ELEMENTWISE_NONE;
+  sig->nin = 1, sig->nout = 1, sig->cast = 1;
+  Py_RETURN_NONE;
+}
+
 /* register_reduction(func, method, reduce_op, partial_rule, partial_ops, even_only,
  * label): `method` names the DTensorBase reduction method it backs, or is None; the local
  * array is reduced by ndarray's method of that name (else `func`) until
@@ -255,6 +267,11 @@ PyMethodDef mt_ext_ops_methods[] = {
      "(numpy.where, numpy.clip): executor_call takes its calls of DTensors and "
      "scalars. Local.\n\n"
      "Example: _C.register_elementwise(numpy.where, 3, 'numpy.where')"},
+    {"register_cast", register_cast, METH_VARARGS,
+     "register_cast(func, label): func(x, dtype, copy=True) casts x elementwise "
+     "(numpy.ndarray.astype): executor_call takes its calls that move nothing. "
+     "Local.\n\n"
+     "Example: _C.register_cast(numpy.ndarray.astype, 'DTensor.astype')"},
     {"register_reduction", register_reduction, METH_VARARGS,
      "register_reduction(func, method, reduce_op, partial_rule, partial_ops, even_only, "
      "label): a reduction's signature, the DTensor method it backs (reduce_op -1: the "
@@ -288,7 +305,8 @@ static int intern_names(mt_ext_dispatch *d) {
     if ((d->str[i] = PyUnicode_InternFromString(texts[i])) == NULL) return -1;
   d->kw_keepdims = PyTuple_Pack(1, d->str[MT_S_KEEPDIMS]);
   d->kw_out = PyTuple_Pack(1, d->str[MT_S_OUT]);
-  return d->kw_keepdims == NULL || d->kw_out == NULL ? -1 : 0;
+  d->kw_dtype = PyTuple_Pack(1, d->str[MT_S_DTYPE]);
+  return d->kw_keepdims == NULL || d->kw_out == NULL || d->kw_dtype == NULL ? -1 : 0;
 }
 
 int mt_ext_ops_exec(PyObject *module) {
@@ -313,7 +331,7 @@ int mt_ext_ops_exec(PyObject *module) {
   X(d->dtensor); X(d->spec); X(d->node_type); X(d->request_type); X(d->move_grad);    \
   X(d->deferred_type); X(d->deferred); X(d->isnan); X(d->where); X(d->hooks);        \
   X(d->view_grad); X(d->ufunc_type); X(d->replicate); X(d->op_ids); X(d->strided);    \
-  X(d->kw_keepdims); X(d->kw_out); X(d->errstate_var);                                \
+  X(d->kw_keepdims); X(d->kw_out); X(d->kw_dtype); X(d->errstate_var);              \
   X(d->errstate_seen[0]); X(d->errstate_seen[1]);                                     \
   for (int i_ = 0; i_ < MT_S_COUNT; ++i_) X(d->str[i_]);                              \
   for (int i_ = 0; i_ < MT_MAX_NDIM; ++i_) X(d->shard[i_]);                           \

@@ -320,6 +320,52 @@ def test_where_and_clip_of_dtensors_and_scalars_run_in_c_else_in_their_entries(
     assert entered == ["clip"]
 
 
+def test_astype_that_moves_nothing_runs_in_c_else_in_its_entry(mesh, monkeypatch):
+    """x.astype(dtype) of a bool or number dtype is agreed and run in one C call
+    when nothing moves, each dtype decided apart; a Partial (which an exact cast
+    keeps, and another is reduced first), copy=False, a dtype of another byte
+    order or a gradient wanted leave the call to the entry.
+    Either way, NumPy's answer and the entry's placements."""
+    from mpitensor import _registry
+    entered = []
+    entry = _registry.functions[np.ndarray.astype]
+    monkeypatch.setitem(_registry.functions, np.ndarray.astype, lambda *a, **k: (
+        entered.append(1), entry(*a, **k))[1])
+    a = np.arange(4.0 * W * 3).reshape(4 * W, 3) - 5.5
+    x = mt.distribute_tensor(a, mesh, [Shard(0)])
+    r = mt.distribute_tensor(a, mesh, [Replicate()])
+    p = make(a, mesh, [Partial("sum")])  # the sum of every rank's block is a
+    cases = [(lambda: x.astype(np.float32), a.astype(np.float32), x.placements, False),
+             (lambda: x.astype("i4"), a.astype("i4"), x.placements, False),
+             (lambda: x.astype(bool), a.astype(bool), x.placements, False),
+             (lambda: r.astype(np.complex64), a.astype(np.complex64), r.placements, False),
+             (lambda: x.astype(np.float64), a.copy(), x.placements, False),
+             (lambda: p.astype(np.float64), a, p.placements, True),
+             (lambda: p.astype(np.int64), a.astype(np.int64), None, True),
+             (lambda: x.astype(np.float32, copy=False), a.astype(np.float32), x.placements,
+              True),
+             (lambda: x.astype(">f4"), a.astype(">f4"), x.placements, True)]
+    for call, want, placements, enters in cases:
+        call()  # the decision made
+        entered[:] = []
+        got = call()
+        assert bool(entered) == enters, want.dtype
+        assert got.dtype == want.dtype
+        if placements is None:  # reduced first
+            assert not any(pl.is_partial() for pl in got.placements)
+        else:
+            assert got.placements == tuple(placements)
+        if not want.dtype.isnative:  # moved by no collective: each rank's block
+            np.testing.assert_array_equal(got.to_local(), x.to_local().astype(want.dtype))
+            continue
+        full = got.full_tensor()
+        assert full.dtype == want.dtype
+        np.testing.assert_array_equal(full, want)
+    g = mt.distribute_tensor(a, mesh, [Shard(0)], requires_grad=True)
+    entered[:] = []
+    assert g.astype(np.float32).requires_grad and entered == [1]
+
+
 def test_numpy_decides_a_result_dtype_through_the_hook_table_once_per_decision(mesh):
     """The dtype of the result (NumPy's: ufunc.resolve_dtypes, a reduction of a
     stand-in) is asked on a miss only, and counted as C's other calls into Python."""

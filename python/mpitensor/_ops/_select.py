@@ -135,6 +135,8 @@ _CLIP_LOCAL = {(True, True): np.clip,
 # Partials reduced first), without entering them.
 for _func in (np.where, np.clip):
     _C.register_elementwise(_func, 3, _registry.call_label(_func))
+# and DTensor.astype of a bool or number dtype where nothing moves (no Partial).
+_C.register_cast(np.ndarray.astype, _registry.call_label(np.ndarray.astype))
 
 
 def _same_layout(a, local, dtype):
