@@ -240,8 +240,8 @@ PyArray_Descr *mt_ext_keyword_dtype(const mt_ext_op *op) {
 /* The mt_dtype of the op's local result, which decides the Partials it keeps
  * exactly (mt_dimmap_dtypes); -1 where it is not known before the op runs (an op
  * entry's own local function, or a registered function that is no ufunc, whose
- * Partials are reduced first whatever its dtype). A dtype= keyword gives it, else NumPy does; what
- * NumPy refuses here it raises when the op runs. */
+ * Partials are reduced first whatever its dtype). A dtype= keyword gives it, else
+ * NumPy does; what NumPy refuses here it raises when the op runs. */
 static int result_dtype(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call *c) {
   if (op->sig == NULL) return -1;
   PyObject *descr = (PyObject *)mt_ext_keyword_dtype(op);

@@ -532,11 +532,21 @@ static PyObject *reduction_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObj
   return out;
 }
 
+/* Whether a DTensor operand leaves its call to the Python door before any
+ * agreement: its block waits (mpitensor._ops._deferring reads it), it is strided
+ * (the door moves it to a plain layout) or a gradient is wanted of it (the door
+ * records the call). */
+static int door_operand(const mt_ext_dispatch *d, PyObject *o) {
+  return !PyArray_CheckExact(((mt_ext_dtensor *)o)->local) || mt_ext_strided(d, o) ||
+         (mt_ext_needs_grad(d, o) && mt_ext_grad_wanted(d->modes));
+}
+
 /* Whether func(*args, **kwargs) of a registered elementwise function is a call
  * the executor may take as it is: its operands first, none None, then only None
- * positionally (clip's out), no keyword; each DTensor's block an ndarray (a
- * waiting one is read by its entry, mpitensor._ops._deferring), and no DTensor
- * condition of np.where large enough that its entry may defer the call. */
+ * positionally (clip's out), no keyword; no DTensor operand the door takes, no
+ * plain ndarray of more than one element (the door agrees on it, then replicates
+ * it), and no DTensor condition of np.where large enough that its entry may defer
+ * the call. */
 static int elementwise_takes(const mt_ext_dispatch *d, const mt_ext_sig *sig,
                              PyObject *args, PyObject *kwargs) {
   Py_ssize_t nargs = PyTuple_GET_SIZE(args);
@@ -544,8 +554,9 @@ static int elementwise_takes(const mt_ext_dispatch *d, const mt_ext_sig *sig,
   for (Py_ssize_t i = 0; i < nargs; ++i) {
     PyObject *o = PyTuple_GET_ITEM(args, i);
     if ((o == Py_None) != (i >= sig->nin)) return 0;
-    if (Py_TYPE(o) == d->dtensor && !PyArray_CheckExact(((mt_ext_dtensor *)o)->local))
-      return 0;
+    int plain = PyArray_Check(o) && PyArray_NDIM((PyArrayObject *)o) > 0 &&
+                PyArray_SIZE((PyArrayObject *)o) != 1;
+    if (Py_TYPE(o) == d->dtensor ? door_operand(d, o) : plain) return 0;
   }
   return sig->func != d->where || !may_defer(d, PyTuple_GET_ITEM(args, 0));
 }
@@ -576,14 +587,14 @@ static PyObject *elementwise_call(mt_ext_dispatch *d, const mt_ext_sig *sig,
 
 /* The dtype of x.astype(dtype, copy=True) (func(x, dtype, {"copy": True}) as
  * DTensor.astype calls it, or without copy) when the executor may take the call:
- * x a DTensor without Partials whose block is an ndarray, the dtype a bool or
- * number in the machine's byte order (whose type number alone tells casts apart
- * in the memo's key). New reference, or NULL (no exception): the entry's call. */
-static PyArray_Descr *cast_dtype(const mt_ext_dispatch *d, PyObject *args, PyObject *kwargs) {
+ * x a DTensor of this rank's mesh, without Partials, that the door would not
+ * take (door_operand); the dtype a bool or number in the machine's byte order
+ * (whose type number alone tells casts apart in the memo's key). New reference, or NULL (no exception): the entry's call. */
+static PyArray_Descr *cast_dtype(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs) {
   Py_ssize_t pos = 0;
   PyObject *key, *v, *x = PyTuple_GET_SIZE(args) == 2 ? PyTuple_GET_ITEM(args, 0) : NULL;
-  if (x == NULL || Py_TYPE(x) != d->dtensor ||
-      !PyArray_CheckExact(((mt_ext_dtensor *)x)->local) || PyDict_GET_SIZE(kwargs) > 1)
+  if (x == NULL || Py_TYPE(x) != d->dtensor || door_operand(d, x) ||
+      PyDict_GET_SIZE(kwargs) > 1 || !mt_ext_spec_mesh(d, ((mt_ext_dtensor *)x)->spec)->member)
     return NULL;
   /* A Partial is the entry's: it keeps one that the cast keeps exactly, where the
    * executor would reduce it (on a mesh of one rank, without a move). */

@@ -91,8 +91,8 @@ def call(func, *args, **kwargs):
 def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
     """``func(*args, **kwargs)`` on DTensors, the one door of the calls written in
     Python: a call the executor takes as it is (``np.sum(x, axis=1)``,
-    ``np.where(m, x, 0)``) is agreed and run by C in one call; any other call is agreed first when the
-    frame ``caller`` is a program's (every rank raises the same ValueError when
+    ``np.where(m, x, 0)``) is agreed and run by C in one call; any other call is
+    agreed first when the frame ``caller`` is a program's (every rank raises the same ValueError when
     the calls differ), each plain ndarray beside DTensors taken as replicated once
     agreed; then a user's rule, or the registered entry, with strided operands
     moved to plain layouts and the call recorded for autograd; where the rule does

@@ -278,8 +278,9 @@ def test_where_and_clip_of_dtensors_and_scalars_run_in_c_else_in_their_entries(
     a Partial reduced first as the entries reduce it (a plain ndarray of one
     element replicated, as the executor takes it); a None bound, a keyword, a
     larger plain ndarray (replicated once the agreement has found it alike on
-    every rank) or a gradient wanted leaves the call to the entry. Either way,
-    NumPy's answer."""
+    every rank) or a gradient wanted leaves the call to the entry, before C
+    agrees on it (no hand-back through the door hook). Either way, NumPy's
+    answer."""
     from mpitensor import _registry
     entered = []
     for func in (np.where, np.clip):
@@ -309,15 +310,15 @@ def test_where_and_clip_of_dtensors_and_scalars_run_in_c_else_in_their_entries(
             before, entered[:] = _trace.hook_stats(), []
             got = call()
             assert bool(entered) == enters, want
-            if not enters:
-                assert _trace.hook_stats()["entry"] == before["entry"]
+            # never C, then back into Python through the door hook
+            assert _trace.hook_stats()["entry"] == before["entry"]
             full = got.full_tensor()
             assert full.dtype == want.dtype
             np.testing.assert_array_equal(full, want)
     g = mt.distribute_tensor(a, mesh, [Shard(0)], requires_grad=True)
-    entered[:] = []
+    entered[:], before = [], _trace.hook_stats()["entry"]
     np.testing.assert_array_equal(np.clip(g, -1, 3).detach().full_tensor(), np.clip(a, -1, 3))
-    assert entered == ["clip"]
+    assert entered == ["clip"] and _trace.hook_stats()["entry"] == before
 
 
 def test_astype_that_moves_nothing_runs_in_c_else_in_its_entry(mesh, monkeypatch):
@@ -347,9 +348,10 @@ def test_astype_that_moves_nothing_runs_in_c_else_in_its_entry(mesh, monkeypatch
              (lambda: x.astype(">f4"), a.astype(">f4"), x.placements, True)]
     for call, want, placements, enters in cases:
         call()  # the decision made
-        entered[:] = []
+        entered[:], before = [], _trace.hook_stats()["entry"]
         got = call()
         assert bool(entered) == enters, want.dtype
+        assert _trace.hook_stats()["entry"] == before  # no hand-back from C
         assert got.dtype == want.dtype
         if placements is None:  # reduced first
             assert not any(pl.is_partial() for pl in got.placements)
@@ -362,8 +364,9 @@ def test_astype_that_moves_nothing_runs_in_c_else_in_its_entry(mesh, monkeypatch
         assert full.dtype == want.dtype
         np.testing.assert_array_equal(full, want)
     g = mt.distribute_tensor(a, mesh, [Shard(0)], requires_grad=True)
-    entered[:] = []
+    entered[:], before = [], _trace.hook_stats()["entry"]
     assert g.astype(np.float32).requires_grad and entered == [1]
+    assert _trace.hook_stats()["entry"] == before
 
 
 def test_numpy_decides_a_result_dtype_through_the_hook_table_once_per_decision(mesh):
