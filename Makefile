@@ -90,10 +90,12 @@ demo: install
 
 # The parts run one after the other, each given INSTALLED=1 so that none installs
 # again; the members of a part a+b+c run side by side (the others' reports shown
-# after a's): the one-rank pass leaves a core to clang-tidy, and the fuzzer's fixed
-# minute shrinks what the plain pytest runs leave idle.
+# after a's), so that what one leaves idle another uses: the one-rank pass leaves
+# a core to clang-tidy, the notebooks mostly wait for their engines, the plain runs
+# and the examples' one-process runs take a core each, and the fuzzer's fixed
+# minute fills what the array API suite's one-rank runs leave.
 TEST_PARTS := test-c test-python-1+test-lint test-python-2 test-python-3 test-python-4-rest \
-  test-plain+test-pages+test-fuzz test-examples test-multinode test-array-api-short
+  test-plain+test-pages+test-examples test-multinode test-array-api-short+test-fuzz
 test: install
 	@start=$$(date +%s); failed=; times=; export MT_FAILURES=$(abspath build/test-failures.txt); \
 	mkdir -p build; rm -f "$$MT_FAILURES"; \
@@ -110,11 +112,17 @@ test: install
 	[ -f "$$MT_FAILURES" ] && cat "$$MT_FAILURES"; \
 	[ -z "$$failed" ]
 
-test-c: $(VENV)/.deps
-	$(VENV)/bin/cmake -S . -B build/ctest \
-	  -DMPITENSOR_BUILD_TESTS=ON -DMPITENSOR_BUILD_EXTENSION=OFF -DMPITENSOR_WERROR=ON \
-	  -DMPITENSOR_VALGRIND=ON >/dev/null
+# One build of everything in C (the core, the extension, the C tests), warnings as
+# errors, for the C tests and for test-lint, which reads its compile commands.
+define c_build
+	$(VENV)/bin/cmake -S . -B build/ctest -DMPITENSOR_BUILD_TESTS=ON \
+	  -DMPITENSOR_BUILD_EXTENSION=ON -DMPITENSOR_WERROR=ON -DMPITENSOR_VALGRIND=ON \
+	  -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DPython_EXECUTABLE=$(abspath $(PY)) >/dev/null
 	$(VENV)/bin/cmake --build build/ctest -j2
+endef
+
+test-c: $(VENV)/.deps
+	$(c_build)
 	cd build/ctest && $(abspath tests/record_failures.sh) ctest \
 	  $(abspath $(VENV))/bin/ctest --output-on-failure -j2
 
@@ -228,18 +236,16 @@ test-multinode: install
 	echo "test-multinode: the transport tests over TCP on this host instead (test-network)"; \
 	$(MAKE) --no-print-directory INSTALLED=1 test-network
 
-# Warnings as errors over the core, the extension and the C tests; clang-tidy
-# (.clang-tidy; the files in .clang-tidy-skip, each with its reason, excepted) and
-# cppcheck (.cppcheck-suppressions) over csrc/. The Debug build keeps assert()s,
-# which tell the analyzer the invariants.
+# Warnings as errors over the core, the extension and the C tests (test-c's build,
+# made here when test-c has not run); clang-tidy (.clang-tidy; the files in
+# .clang-tidy-skip, each with its reason, excepted) and cppcheck
+# (.cppcheck-suppressions) over csrc/. clang-tidy reads that build's compile commands
+# with NDEBUG undefined, so that the analyzer sees the assert()s that state the
+# invariants.
 test-lint: $(VENV)/.deps
-	$(VENV)/bin/cmake -S . -B build/lint -DCMAKE_BUILD_TYPE=Debug \
-	  -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DMPITENSOR_BUILD_EXTENSION=ON \
-	  -DMPITENSOR_BUILD_TESTS=ON -DMPITENSOR_WERROR=ON \
-	  -DPython_EXECUTABLE=$(abspath $(PY)) >/dev/null
-	$(VENV)/bin/cmake --build build/lint -j2
+	$(c_build)
 	ls csrc/*/*.c | grep -v -x -F -f .clang-tidy-skip \
-	  | xargs -P2 -n4 clang-tidy -p build/lint --quiet 2>/dev/null
+	  | xargs -P2 -n4 clang-tidy -p build/ctest --extra-arg=-UNDEBUG --quiet 2>/dev/null
 	cppcheck -j2 --quiet --error-exitcode=1 --enable=warning,style,performance,portability \
 	  --std=c11 --library=python --inline-suppr --suppressions-list=.cppcheck-suppressions \
 	  -I csrc/include -I csrc/core -I csrc/comm -I csrc/io -I csrc/kernels csrc/
