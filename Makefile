@@ -34,7 +34,7 @@ export OPENBLAS_NUM_THREADS := 1
 export PYTHONPYCACHEPREFIX := $(abspath build/pycache)
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: ecosystem plan-ranking install system-deps demo docs test test-c test-python test-python-4-rest test-plain test-pages test-examples \
+.PHONY: ecosystem plan-ranking install c-build system-deps demo docs test test-c test-python test-python-4-rest test-plain test-pages test-examples \
   test-network test-multinode test-lint test-fuzz fuzz-seeds test-fuzz-ranks test-asan \
   test-array-api test-array-api-short array-api-suite bench bench-check calibrate \
   bench-multinode clean
@@ -90,20 +90,23 @@ demo: install
 
 # The parts run one after the other, each given INSTALLED=1 so that none installs
 # again; the members of a part a+b+c run side by side (the others' reports shown
-# after a's), so that what one leaves idle another uses: the one-rank pass leaves
-# a core to clang-tidy, the notebooks mostly wait for their engines, the plain runs
-# and the examples' one-process runs take a core each, and the fuzzer's fixed
-# minute fills what the array API suite's one-rank runs leave.
-TEST_PARTS := test-c test-python-1+test-lint test-python-2 test-python-3 test-python-4-rest \
-  test-plain+test-pages+test-examples test-multinode test-array-api-short+test-fuzz
-test: install
+# after a's), and must not slow each other: a waiting rank of an oversubscribed MPI
+# job hands its core over, and beside a process that computes without pause it gets
+# the core back only a time slice later. So the parts that run MPI jobs run beside
+# nothing that computes without pause (the np 1 pass, whose tests start jobs of
+# many ranks, ran slower beside clang-tidy than after it); clang-tidy, the memcheck
+# runs and the fuzzer compute side by side; the notebooks, which mostly wait for
+# their engines, run beside the plain runs and the examples.
+TEST_PARTS := test-c+test-lint+test-fuzz test-python-1 test-python-2 test-python-3 \
+  test-python-4-rest test-plain+test-pages+test-examples test-multinode test-array-api-short
+test: install c-build
 	@start=$$(date +%s); failed=; times=; export MT_FAILURES=$(abspath build/test-failures.txt); \
 	mkdir -p build; rm -f "$$MT_FAILURES"; \
 	for part in $(TEST_PARTS); do t=$$(date +%s); first=$${part%%+*}; pids=; \
 	  for other in $$(echo "$${part#$$first}" | tr '+' ' '); do \
-	    $(MAKE) --no-print-directory INSTALLED=1 $$other > build/$$other.log 2>&1 & \
+	    $(MAKE) --no-print-directory INSTALLED=1 C_BUILT=1 $$other > build/$$other.log 2>&1 & \
 	    pids="$$pids $$other:$$!"; done; \
-	  $(MAKE) --no-print-directory INSTALLED=1 $$first || failed="$$failed $$first"; \
+	  $(MAKE) --no-print-directory INSTALLED=1 C_BUILT=1 $$first || failed="$$failed $$first"; \
 	  for other in $$pids; do wait $${other#*:} || failed="$$failed $${other%:*}"; \
 	    cat build/$${other%:*}.log; done; \
 	  times="$$times $$part $$(( $$(date +%s) - t ))s,"; done; \
@@ -114,15 +117,17 @@ test: install
 
 # One build of everything in C (the core, the extension, the C tests), warnings as
 # errors, for the C tests and for test-lint, which reads its compile commands.
-define c_build
+# `make test` builds it before its parts, which then run with C_BUILT=1, so that
+# test-c and test-lint, side by side, do not build the same tree at once.
+c-build: $(VENV)/.deps
+ifndef C_BUILT
 	$(VENV)/bin/cmake -S . -B build/ctest -DMPITENSOR_BUILD_TESTS=ON \
 	  -DMPITENSOR_BUILD_EXTENSION=ON -DMPITENSOR_WERROR=ON -DMPITENSOR_VALGRIND=ON \
 	  -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DPython_EXECUTABLE=$(abspath $(PY)) >/dev/null
 	$(VENV)/bin/cmake --build build/ctest -j2
-endef
+endif
 
-test-c: $(VENV)/.deps
-	$(c_build)
+test-c: c-build
 	cd build/ctest && $(abspath tests/record_failures.sh) ctest \
 	  $(abspath $(VENV))/bin/ctest --output-on-failure -j2
 
@@ -242,8 +247,7 @@ test-multinode: install
 # (.cppcheck-suppressions) over csrc/. clang-tidy reads that build's compile commands
 # with NDEBUG undefined, so that the analyzer sees the assert()s that state the
 # invariants.
-test-lint: $(VENV)/.deps
-	$(c_build)
+test-lint: c-build
 	ls csrc/*/*.c | grep -v -x -F -f .clang-tidy-skip \
 	  | xargs -P2 -n4 clang-tidy -p build/ctest --extra-arg=-UNDEBUG --quiet 2>/dev/null
 	cppcheck -j2 --quiet --error-exitcode=1 --enable=warning,style,performance,portability \
