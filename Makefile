@@ -90,18 +90,21 @@ demo: install
 
 # The parts run one after the other, each given INSTALLED=1 so that none installs
 # again; the members of a part a+b+c run side by side (the others' reports shown
-# after a's), and must not slow each other: a waiting rank of an oversubscribed MPI
-# job hands its core over, and beside a process that computes without pause it gets
-# the core back only a time slice later. So the parts that run MPI jobs run beside
-# nothing that computes without pause (the np 1 pass, whose tests start jobs of
-# many ranks, ran slower beside clang-tidy than after it); clang-tidy, the memcheck
-# runs and the fuzzer compute side by side; the notebooks, which mostly wait for
-# their engines, run beside the plain runs and the examples.
+# after a's). MPI jobs, whose ranks wait on one another, share no part with work
+# that computes without pause, beside which a waiting rank can lose its core for a
+# whole time slice: clang-tidy, the memcheck runs and the fuzzer compute side by
+# side, and the notebooks, which mostly wait for their engines, run beside the plain
+# runs and the examples. The C is built first, as a step of its own (c-build); the
+# parts then run with C_BUILT=1, so that test-c and test-lint, side by side, do not
+# build the same tree at once, and a failed build fails the run without stopping
+# the Python passes.
 TEST_PARTS := test-c+test-lint+test-fuzz test-python-1 test-python-2 test-python-3 \
   test-python-4-rest test-plain+test-pages+test-examples test-multinode test-array-api-short
-test: install c-build
+test: install
 	@start=$$(date +%s); failed=; times=; export MT_FAILURES=$(abspath build/test-failures.txt); \
 	mkdir -p build; rm -f "$$MT_FAILURES"; \
+	$(MAKE) --no-print-directory INSTALLED=1 c-build || failed=" c-build"; \
+	times=" c-build $$(( $$(date +%s) - start ))s,"; \
 	for part in $(TEST_PARTS); do t=$$(date +%s); first=$${part%%+*}; pids=; \
 	  for other in $$(echo "$${part#$$first}" | tr '+' ' '); do \
 	    $(MAKE) --no-print-directory INSTALLED=1 C_BUILT=1 $$other > build/$$other.log 2>&1 & \
@@ -117,8 +120,7 @@ test: install c-build
 
 # One build of everything in C (the core, the extension, the C tests), warnings as
 # errors, for the C tests and for test-lint, which reads its compile commands.
-# `make test` builds it before its parts, which then run with C_BUILT=1, so that
-# test-c and test-lint, side by side, do not build the same tree at once.
+# C_BUILT=1 skips it (make test builds it once, before its parts).
 c-build: $(VENV)/.deps
 ifndef C_BUILT
 	$(VENV)/bin/cmake -S . -B build/ctest -DMPITENSOR_BUILD_TESTS=ON \
