@@ -153,6 +153,13 @@ static inline int64_t mt_ext_mesh_size(const mt_ext_mesh_base *mb) {
  * its communicators alive), else -1 with the exception, the same on every rank. */
 int mt_ext_mesh_check(const mt_ext_mesh_base *mb);
 
+/* The members of the mesh agree on `fp`: 0 when they all hold it, else -1 with
+ * ValueError(`message`, UTF-8, cut to what an mt_error holds) on every member;
+ * the mesh's own check first. 0 at once on a rank outside the mesh and on a mesh
+ * of one rank. Collective on the mesh. */
+int mt_ext_mesh_agree(const mt_ext_mesh_base *mb, uint64_t fp, const char *message,
+                      Py_ssize_t len);
+
 /* Whether an operand that requires grad gets a gradient from this operation's
  * decision: grad mode is on, or the forward of a recorded operation runs. */
 static inline int mt_ext_grad_wanted(const mt_ext_modes *m) {
@@ -273,7 +280,8 @@ enum { MT_EVENT_DECISION, MT_EVENT_MOVE, MT_EVENT_UNMOVED, MT_EVENT_COUNT };
   X(DOOR, "door") X(NAME, "__name__") X(PACKAGE, "mpitensor.")                        \
   X(ARRAY_API, "mpitensor.array_api") X(TESTING, "mpitensor.testing")                 \
   X(MODULE, "__module__") X(QUALNAME, "__qualname__") X(ERRSTATE, "errstate")         \
-  X(SETTLE, "settle") X(RESULT, "result") X(DTYPE, "dtype") X(COPY, "copy")
+  X(SETTLE, "settle") X(RESULT, "result") X(DTYPE, "dtype") X(COPY, "copy")         \
+  X(INDEX_KEYS, "_index_keys") X(VIEW, "view")
 #define MT_EXT_STRING_INDEX(name, _) MT_S_##name,
 enum { MT_EXT_STRINGS(MT_EXT_STRING_INDEX) MT_S_COUNT };
 
@@ -683,6 +691,12 @@ PyObject *mt_ext_replicated(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *
 static inline int mt_ext_needs_grad(const mt_ext_dispatch *d, PyObject *o) {
   return Py_TYPE(o) == d->dtensor && ((const mt_ext_dtensor *)o)->requires_grad;
 }
+
+/* Whether a DTensor operand leaves its call to the Python door before any
+ * agreement: its block waits (mpitensor._ops._deferring reads it), it is strided
+ * (the door moves it to a plain layout) or a gradient is wanted of it (the door
+ * records the call). */
+int mt_ext_door_operand(const mt_ext_dispatch *d, PyObject *o);
 /* `out` (a DTensor, or a tuple: its first) recorded as made by `backward` from the
  * n inputs (those that need a gradient), keeping `saved` and `aux` for it; out
  * is returned, or NULL with an exception (out released). */
@@ -717,6 +731,7 @@ void mt_ext_ops_free(mt_ext_state *st);
 extern PyMethodDef mt_ext_pool_methods[], mt_ext_ops_methods[], mt_ext_autograd_methods[],
     mt_ext_decide_methods[], mt_ext_exec_methods[],
     mt_ext_hooks_methods[], mt_ext_entry_methods[], mt_ext_move_methods[],
-    mt_ext_one_mesh_methods[], mt_ext_call_agreement_methods[], mt_ext_deferred_methods[];
+    mt_ext_one_mesh_methods[], mt_ext_call_agreement_methods[], mt_ext_deferred_methods[],
+    mt_ext_index_methods[];
 
 #endif

@@ -532,11 +532,7 @@ static PyObject *reduction_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObj
   return out;
 }
 
-/* Whether a DTensor operand leaves its call to the Python door before any
- * agreement: its block waits (mpitensor._ops._deferring reads it), it is strided
- * (the door moves it to a plain layout) or a gradient is wanted of it (the door
- * records the call). */
-static int door_operand(const mt_ext_dispatch *d, PyObject *o) {
+int mt_ext_door_operand(const mt_ext_dispatch *d, PyObject *o) {
   return !PyArray_CheckExact(((mt_ext_dtensor *)o)->local) || mt_ext_strided(d, o) ||
          (mt_ext_needs_grad(d, o) && mt_ext_grad_wanted(d->modes));
 }
@@ -556,7 +552,7 @@ static int elementwise_takes(const mt_ext_dispatch *d, const mt_ext_sig *sig,
     if ((o == Py_None) != (i >= sig->nin)) return 0;
     int plain = PyArray_Check(o) && PyArray_NDIM((PyArrayObject *)o) > 0 &&
                 PyArray_SIZE((PyArrayObject *)o) != 1;
-    if (Py_TYPE(o) == d->dtensor ? door_operand(d, o) : plain) return 0;
+    if (Py_TYPE(o) == d->dtensor ? mt_ext_door_operand(d, o) : plain) return 0;
   }
   return sig->func != d->where || !may_defer(d, PyTuple_GET_ITEM(args, 0));
 }
@@ -588,12 +584,12 @@ static PyObject *elementwise_call(mt_ext_dispatch *d, const mt_ext_sig *sig,
 /* The dtype of x.astype(dtype, copy=True) (func(x, dtype, {"copy": True}) as
  * DTensor.astype calls it, or without copy) when the executor may take the call:
  * x a DTensor of this rank's mesh, without Partials, that the door would not
- * take (door_operand); the dtype a bool or number in the machine's byte order
+ * take (mt_ext_door_operand); the dtype a bool or number in the machine's byte order
  * (whose type number alone tells casts apart in the memo's key). New reference, or NULL (no exception): the entry's call. */
 static PyArray_Descr *cast_dtype(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs) {
   Py_ssize_t pos = 0;
   PyObject *key, *v, *x = PyTuple_GET_SIZE(args) == 2 ? PyTuple_GET_ITEM(args, 0) : NULL;
-  if (x == NULL || Py_TYPE(x) != d->dtensor || door_operand(d, x) ||
+  if (x == NULL || Py_TYPE(x) != d->dtensor || mt_ext_door_operand(d, x) ||
       PyDict_GET_SIZE(kwargs) > 1 || !mt_ext_spec_mesh(d, ((mt_ext_dtensor *)x)->spec)->member)
     return NULL;
   /* A Partial is the entry's: it keeps one that the cast keeps exactly, where the
@@ -672,38 +668,6 @@ static PyObject *executor_call(PyObject *module, PyObject *const *a, Py_ssize_t 
                    : elementwise_call(d, sig, a[1], a[2], a[3]);
 }
 
-/* A slice bound as a basic key caches it: None or an exact int. */
-static inline int key_bound(PyObject *b) { return b == Py_None || PyLong_CheckExact(b); }
-
-/* index_key(key): see the method table. */
-static PyObject *index_key(PyObject *module, PyObject *key) {
-  (void)module;
-  int parts = PyTuple_CheckExact(key);
-  Py_ssize_t n = parts ? PyTuple_GET_SIZE(key) : 1;
-  PyObject *out = PyTuple_New(n);
-  for (Py_ssize_t i = 0; out != NULL && i < n; ++i) {
-    PyObject *k = parts ? PyTuple_GET_ITEM(key, i) : key, *item = NULL;
-    if (PySlice_Check(k)) {
-      PySliceObject *s = (PySliceObject *)k;
-      if (!key_bound(s->start) || !key_bound(s->stop) || !key_bound(s->step)) break;
-      item = PyTuple_Pack(3, s->start, s->stop, s->step);
-    } else if (PyLong_CheckExact(k) || k == Py_None || k == Py_Ellipsis) {
-      item = Py_NewRef(k);
-    } else if (PyArray_IsScalar(k, Integer)) { /* a loop over np.arange's ints */
-      item = PyNumber_Index(k);
-    } else {
-      break;
-    }
-    if (item == NULL) Py_CLEAR(out);
-    else PyTuple_SET_ITEM(out, i, item);
-  }
-  if (out != NULL && n > 0 && PyTuple_GET_ITEM(out, n - 1) == NULL) { /* a key it refuses */
-    Py_DECREF(out);
-    Py_RETURN_NONE;
-  }
-  return out;
-}
-
 /* set_user_rule(func, has_rule): see the method table. */
 static PyObject *set_user_rule(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 2) return PyErr_Format(PyExc_TypeError, "set_user_rule(func, has_rule)");
@@ -731,11 +695,6 @@ PyMethodDef mt_ext_entry_methods[] = {
      "(None: not agreed, as mpitensor's own calls). Collective on the mesh when "
      "agreed or when the call moves data.\n\n"
      "Example: _C.executor_call(numpy.sum, (dt,), {'axis': 1}, sys._getframe(1))"},
-    {"index_key", index_key, METH_O,
-     "index_key(key) -> a hashable stand-in for a basic key of ints, slices of ints, "
-     "None and ... (NumPy's integer scalars as ints), else None: such keys take the "
-     "uncached path, which also reports bad ones. Local.\n\n"
-     "Example: _C.index_key((slice(None, 4), 0)) == ((None, 4, None), 0)"},
     {"set_user_rule", (PyCFunction)(void (*)(void))set_user_rule, METH_FASTCALL,
      "set_user_rule(func, has_rule): whether the executor's doors hand the ufunc or "
      "reduction `func` to the Python door, where a user's register_sharding rule "

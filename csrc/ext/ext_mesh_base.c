@@ -176,21 +176,29 @@ static PyObject *agree_call(PyObject *self, PyObject *const *args, Py_ssize_t na
     return PyErr_Format(PyExc_TypeError, "_agree_call(fingerprint: int, message: bytes)");
   unsigned long long fp = PyLong_AsUnsignedLongLongMask(args[0]);
   if (fp == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  if (mt_ext_mesh_agree(mb, (uint64_t)fp, PyBytes_AS_STRING(args[1]),
+                        PyBytes_GET_SIZE(args[1])) < 0)
+    return NULL;
+  Py_RETURN_NONE;
+}
+
+int mt_ext_mesh_agree(const mt_ext_mesh_base *mb, uint64_t fp, const char *message,
+                      Py_ssize_t len) {
   /* A rank outside the mesh takes no part, and one rank agrees with itself. */
-  if (!mb->member || mt_ext_mesh_size(mb) == 1) Py_RETURN_NONE;
-  if (mb->mesh == NULL)
-    return PyErr_Format(PyExc_RuntimeError, "_agree_call: the mesh has no communicators");
-  if (mt_ext_mesh_check(mb) < 0) return NULL;
+  if (!mb->member || mt_ext_mesh_size(mb) == 1) return 0;
+  if (mb->mesh == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "_agree_call: the mesh has no communicators");
+    return -1;
+  }
+  if (mt_ext_mesh_check(mb) < 0) return -1;
   mt_error err = {0};
-  Py_ssize_t len = PyBytes_GET_SIZE(args[1]);
   if (len > (Py_ssize_t)sizeof err.msg - 1) len = (Py_ssize_t)sizeof err.msg - 1;
-  memcpy(err.msg, PyBytes_AS_STRING(args[1]), (size_t)len);
+  memcpy(err.msg, message, (size_t)len);
   int rc;
   Py_BEGIN_ALLOW_THREADS
-  rc = mt_agree(mb->mesh, MT_OK, (uint64_t)fp, &err);
+  rc = mt_agree(mb->mesh, MT_OK, fp, &err);
   Py_END_ALLOW_THREADS
-  if (rc != MT_OK) return mt_ext_raise(rc, &err);
-  Py_RETURN_NONE;
+  return rc == MT_OK ? 0 : (mt_ext_raise(rc, &err), -1);
 }
 
 /* _any_bits(bits): see the method table. The check and the all-reduce in one

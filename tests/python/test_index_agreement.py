@@ -127,9 +127,11 @@ def run(read, x, key, value):
         return type(e).__name__, None
 
 
-def check_case(read, shape, placements, good, odd, value=7.0, odd_value=None):
+def check_case(read, shape, placements, good, odd, value=7.0, odd_value=None, warm=False):
     mesh = mesh_of(shape)
     x = distribute_tensor(A.copy(), mesh, placements)
+    if warm:
+        x[good()]  # every rank alike: the mesh keeps the key's plan
     key = odd() if RANK == ODD else good()
     mine = odd_value if RANK == ODD and odd_value is not None else value
     want, wanted = expected(read, good(), odd(), value)
@@ -157,6 +159,20 @@ PARAMS = [pytest.param(s, p, g, o, id=f"{'x'.join(map(str, s))}-{p}-{name}")
 @pytest.mark.parametrize("shape, placements, good, odd", PARAMS)
 def test_a_read_whose_key_differs_on_one_rank(shape, placements, good, odd):
     check_case(True, shape, placements, good, odd)
+
+
+# The keys whose plan the mesh keeps (ints, slices, None and ...) for the others.
+KEPT = [p for p in PARAMS if mt._C.index_key(p.values[2]()) is not None]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("shape, placements, good, odd", KEPT)
+def test_a_read_whose_key_the_others_read_before_differs_on_one_rank(
+        shape, placements, good, odd):
+    """The others read their key once before, so that C makes their view from the
+    plan the mesh keeps (``_C.basic_view``); the odd rank's key still raises on
+    every rank, or gives NumPy's value where NumPy reads both keys alike."""
+    check_case(True, shape, placements, good, odd, warm=True)
 
 
 @pytest.mark.timeout(60)

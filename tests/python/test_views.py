@@ -308,6 +308,54 @@ def _views_follow_the_writes(a, full):
                                        err_msg=f"after write {i}")
 
 
+def test_a_key_read_again_is_made_by_c_as_the_same_view(layout):
+    """A basic key read again, on the layout its plan was made for, is made by C
+    (``_C.basic_view``, from the plan the mesh keeps) wherever nothing moves: the
+    same values, a view that writes into its base and sees the base's later writes,
+    as the first read's. Where the key cuts a sharded dim, the Python path keeps it."""
+    from mpitensor import _C
+    mesh, pls = layout
+    full = _full()
+    a = make(full, mesh, pls)
+    key = (slice(None), 1, slice(1, None, 2))
+    first = a[key]
+    moves = any(p.is_shard() and p.dim != 0 and mesh.shape[m] > 1
+                for m, p in enumerate(pls))
+    again = _C.basic_view(a, key)
+    assert (again is NotImplemented) == moves
+    for got in (first, a[key]):
+        assert_matches(got, full[key])
+    if moves:
+        return
+    again[1] = -7.0
+    full[key][1] = -7.0
+    assert_matches(a, full)
+    a[2] = 3.0
+    full[2] = 3.0
+    assert_matches(again, full[key])
+    assert_matches(first, full[key])
+
+
+def test_a_key_read_again_is_still_seen_by_the_debug_tools():
+    """C leaves a kept key to the Python path while a tool listens: DebugMode
+    writes its line, and a gradient flows back through it."""
+    from mpitensor.debug import DebugMode
+    mesh = mesh_of((W,))
+    x = distribute_tensor(np.arange(16.0).reshape(8, 2), mesh, [S0])
+    key = (slice(None), slice(None, 1))
+    for _ in range(2):
+        x[key]
+    with DebugMode() as mode:
+        x[key]
+    assert mode.debug_string().strip().startswith("_operator.getitem("), mode.debug_string()
+    y = distribute_tensor(np.arange(16.0).reshape(8, 2), mesh, [S0])
+    y.requires_grad_(True)
+    (y[key] * 2.0).sum().backward()
+    want = np.zeros((8, 2))
+    want[:, 0] = 2.0
+    assert_matches(y.grad, want)
+
+
 def test_a_view_sees_later_writes_into_its_base(layout):
     mesh, pls = layout
     full = _full()

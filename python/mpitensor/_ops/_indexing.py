@@ -156,7 +156,8 @@ class _Plan:
     bounded cache of parsed keys (the oldest goes first), so a repeated key
     costs one dict lookup before NumPy cuts the local array."""
 
-    __slots__ = ("cut", "exchange", "counts", "mid", "outdims", "spec", "fp", "out_local")
+    __slots__ = ("cut", "exchange", "counts", "mid", "outdims", "spec", "fp", "out_local",
+                 "view")
 
     def __init__(self, dt, key):
         spec = dt._spec
@@ -193,6 +194,9 @@ class _Plan:
         # The shape of the result's local array, found at its first use: the piece
         # this rank picks has the same shape every time (the layout fixes it).
         self.out_local = None
+        # What C's basic_view needs to make the view again, once this rank made it
+        # without a move: (fp, cut, local shape, spec, the words of a mismatch).
+        self.view = None
         self.cut = None
         if mesh._coordinate is not None:
             lshape, loff = local_shape_and_global_offset(
@@ -481,6 +485,8 @@ def _basic(dt, key, plan, agreed):
         plan.out_local = tuple(1 if o[0] == "new" else piece.shape[o[1]]
                                for o in plan.outdims)
     local = piece.reshape(plan.out_local)
+    if plan.view is None and plan.exchange is None and 0 not in plan.counts:
+        plan.view = (plan.fp, plan.cut or ..., plan.out_local, plan.spec, _DIFFERENT_KEYS)
     if owner is not None:
         # New memory, not ``dt``'s: a copy-view, whose writes reach ``dt`` and
         # which sees the writes into ``dt`` (the same exchange, made again).
