@@ -90,17 +90,11 @@ demo: install
 
 # The parts run one after the other, each given INSTALLED=1 so that none installs
 # again; the members of a part a+b+c run side by side (the others' reports shown
-# after a's). MPI jobs, whose ranks wait on one another, share no part with work
-# that computes without pause, beside which a waiting rank can lose its core for a
-# whole time slice: the memcheck runs and the fuzzer compute side by side, and the
-# notebooks, which mostly wait for their engines, run beside the plain runs and the
-# examples. TEST_IDLE (clang-tidy and cppcheck: no MPI, no clock) runs through all
-# the parts under the kernel's idle policy (chrt --idle), which gives it only the
-# cycles nothing else wants, so it fills the one-rank pass's free core instead of
-# taking both cores in a part of its own; where that policy is refused it runs first,
-# as a part. The C is built first, as a step of its own (c-build); the parts then run
-# with C_BUILT=1, so that no two build the same tree at once, and a failed build
-# fails the run without stopping the Python passes.
+# after a's); TEST_IDLE runs through all of them at the kernel's idle priority, or
+# first, as a part, where chrt --idle is refused. Which work shares a part, and why:
+# docs/testing.md. The C is built first, as a step of its own (c-build); the parts
+# then run with C_BUILT=1, so that no two build the same tree at once, and a failed
+# build fails the run without stopping the Python passes.
 TEST_IDLE := test-lint
 TEST_PARTS := test-c+test-fuzz test-python-1 test-python-2 test-python-3 \
   test-python-4-rest test-plain+test-pages+test-examples test-multinode test-array-api-short
