@@ -281,7 +281,8 @@ enum { MT_EVENT_DECISION, MT_EVENT_MOVE, MT_EVENT_UNMOVED, MT_EVENT_COUNT };
   X(ARRAY_API, "mpitensor.array_api") X(TESTING, "mpitensor.testing")                 \
   X(MODULE, "__module__") X(QUALNAME, "__qualname__") X(ERRSTATE, "errstate")         \
   X(SETTLE, "settle") X(RESULT, "result") X(DTYPE, "dtype") X(COPY, "copy")         \
-  X(INDEX_KEYS, "_index_keys") X(VIEW, "view")
+  X(INDEX_KEYS, "_index_keys") X(VIEW, "view") X(BLOCK_RESHAPES, "_block_reshapes")     \
+  X(ORDER_C, "C")
 #define MT_EXT_STRING_INDEX(name, _) MT_S_##name,
 enum { MT_EXT_STRINGS(MT_EXT_STRING_INDEX) MT_S_COUNT };
 
@@ -697,6 +698,12 @@ static inline int mt_ext_needs_grad(const mt_ext_dispatch *d, PyObject *o) {
  * (the door moves it to a plain layout) or a gradient is wanted of it (the door
  * records the call). */
 int mt_ext_door_operand(const mt_ext_dispatch *d, PyObject *o);
+/* func(*pos, **kw) through the Python door (the hook "door",
+ * mpitensor._registry.door_from_c): a call a C door leaves to Python. `agreed`:
+ * False, or True when the call's agreement is made already, or the int flags of
+ * the agreement a C door made on a call written in Python, whose door goes on. */
+PyObject *mt_ext_door_hook(mt_ext_dispatch *d, PyObject *func, PyObject *pos, PyObject *kw,
+                           PyObject *agreed);
 /* `out` (a DTensor, or a tuple: its first) recorded as made by `backward` from the
  * n inputs (those that need a gradient), keeping `saved` and `aux` for it; out
  * is returned, or NULL with an exception (out released). */
@@ -732,6 +739,6 @@ extern PyMethodDef mt_ext_pool_methods[], mt_ext_ops_methods[], mt_ext_autograd_
     mt_ext_decide_methods[], mt_ext_exec_methods[],
     mt_ext_hooks_methods[], mt_ext_entry_methods[], mt_ext_move_methods[],
     mt_ext_one_mesh_methods[], mt_ext_call_agreement_methods[], mt_ext_deferred_methods[],
-    mt_ext_index_methods[];
+    mt_ext_views_methods[];
 
 #endif

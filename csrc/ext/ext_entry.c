@@ -74,20 +74,23 @@ static int call_args(PyObject *const *prefix, Py_ssize_t npre, PyObject *const *
   return rc;
 }
 
-/* func(*pos, **kw) through the Python door (the hook "door",
- * mpitensor._registry.door_from_c): a call a C door leaves to Python; `agreed`:
- * the call's agreement is made already. */
-static PyObject *door_hook(mt_ext_dispatch *d, PyObject *func, PyObject *pos, PyObject *kw,
-                           int agreed) {
+PyObject *mt_ext_door_hook(mt_ext_dispatch *d, PyObject *func, PyObject *pos, PyObject *kw,
+                           PyObject *agreed) {
   PyObject *fn = PyDict_GetItemWithError(d->hooks, d->str[MT_S_DOOR]);
   if (fn == NULL)
     return PyErr_Occurred() ? NULL
                             : PyErr_Format(PyExc_RuntimeError, "no door hook: import mpitensor");
-  PyObject *stack[4] = {func, pos, kw, agreed ? Py_True : Py_False};
+  PyObject *stack[4] = {func, pos, kw, agreed};
   Py_INCREF(fn); /* the hook may be replaced while it runs */
   PyObject *res = mt_ext_hook(d, MT_HOOK_ENTRY, fn, stack, 4, NULL);
   Py_DECREF(fn);
   return res;
+}
+
+/* mt_ext_door_hook, `agreed` a truth value. */
+static inline PyObject *door_hook(mt_ext_dispatch *d, PyObject *func, PyObject *pos,
+                                  PyObject *kw, int agreed) {
+  return mt_ext_door_hook(d, func, pos, kw, agreed ? Py_True : Py_False);
 }
 
 /* door_hook of func(*prefix, *args, **kwargs), from a vectorcall whose last

@@ -102,7 +102,6 @@ def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
 
     Example: ``door(np.concatenate, ([a, b],), {"axis": 1}, None, sys._getframe(1))``.
     """
-    global viewing
     if name is None and not _modes.recorders:
         # A call the executor takes as it is (np.sum(x, axis=1), np.where(m, x, 0))
         # is agreed and run in one C call; C alone knows which those are.
@@ -118,6 +117,13 @@ def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
         flags = _call_agreement.agree_call(name or _names.get(func) or call_label(func, args),
                                            args, kwargs, caller)
         call_flags = flags >> _call_agreement.CALL_FLAGS
+    return _agreed(func, args, kwargs, name, flags, call_flags)
+
+
+def _agreed(func, args: tuple, kwargs: dict, name, flags: int, call_flags: int):
+    """The door's steps once the ranks agreed on the call (``flags``, the
+    agreement's; ``call_flags``, its bits from CALL_FLAGS on)."""
+    global viewing
     outer = viewing
     viewing = (func, flags) if flags & _PROGRAM else None
     try:
@@ -261,17 +267,21 @@ def _entry(func, args: tuple, kwargs: dict, name, from_c: bool, flags: int = -1)
         return gather_call(func, args, kwargs, name, cause=e)
 
 
-def door_from_c(func, args: tuple, kwargs: dict, agreed: bool = False):
+def door_from_c(func, args: tuple, kwargs: dict, agreed: bool | int = False):
     """The Python door of a call the executor's doors leave to Python (the hook
     "door"): a ufunc call or method as ``(numpy.ufunc, (ufunc, method,
     *operands), kwargs)``, a reduction method as NumPy's function (``agreed``:
     by the C door already). Agreed as :func:`door` agrees, on the frame
     that called the C door; a ufunc's NoRule is raised, not gathered (the ufuncs'
     entry gathers itself), a reduction method's gathers as its function does.
+    ``agreed`` an int: the flags of the agreement a C door made on a call written
+    in Python (a DTensor method), whose steps go on as :func:`door`'s.
     Collective on the mesh when the call is agreed or moves data.
 
     Example: ``door_from_c(np.sum, (dt,), {"dtype": np.float32})``.
     """
+    if type(agreed) is int:
+        return _agreed(func, args, kwargs, None, agreed, agreed >> _call_agreement.CALL_FLAGS)
     if agreed:
         flags = _C.call_flags(args, kwargs)
     else:

@@ -336,6 +336,30 @@ def test_a_key_read_again_is_made_by_c_as_the_same_view(layout):
     assert_matches(first, full[key])
 
 
+def test_a_reshape_made_again_is_made_by_c_as_the_same_view():
+    """A reshape of a layout that reshaped each rank's block in place before is made
+    by C (``_C.block_reshape``): a view that writes into its base. Where some
+    rank's block is not C-contiguous (here the last rank's), every rank goes on
+    through the Python door from C's agreement, and gets NumPy's reshape."""
+    import sys
+    from mpitensor import _C
+    mesh = mesh_of((W,))
+    full = np.arange(16.0 * W).reshape(4 * W, 4)
+    a = distribute_tensor(full.copy(), mesh, [S0])
+    a.reshape(-1, 2)
+    again = _C.block_reshape(np.reshape, a, (-1, 2), "C", sys._getframe(0))
+    assert again is not NotImplemented
+    assert_matches(again, full.reshape(-1, 2))
+    again[1] = -5.0
+    full.reshape(-1, 2)[1] = -5.0
+    assert_matches(a, full)
+    local = a.to_local().copy()
+    if COMM.rank == W - 1:
+        local = np.asfortranarray(local)
+    b = mt.DTensor.from_local(local, mesh, [S0], shape=full.shape, stride=a.stride())
+    assert_matches(b.reshape(-1, 2), full.reshape(-1, 2))
+
+
 def test_a_key_read_again_is_still_seen_by_the_debug_tools():
     """C leaves a kept key to the Python path while a tool listens: DebugMode
     writes its line, and a gradient flows back through it."""

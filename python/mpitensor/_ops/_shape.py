@@ -570,7 +570,7 @@ def _remember_block_reshape(a, given, out) -> None:
     if len(cache) >= _BLOCK_RESHAPES:
         del cache[next(iter(cache))]
     cache[(given, spec.placements, spec.shape, spec.dtype)] = (
-        out._spec, out._data().shape, a._data().shape)
+        out._spec, out._data().shape, a._data().shape, _registry.call_label(np.reshape))
 
 
 # The reshapes of blocks in place each mesh keeps.

@@ -1,7 +1,8 @@
-/* Basic keys (ints, slices, None and ...) of DTensors: the stand-in by which the
- * mesh keeps each key's plan (mpitensor._ops._indexing), and the view that a kept
- * plan which moves nothing makes, run here: a program repeats such keys, and the
- * plan's Python steps cost more than NumPy's own slicing. */
+/* The views C makes from what a mesh keeps, for the calls a program repeats, whose
+ * Python steps cost more than NumPy's own: a basic key (ints, slices, None and
+ * ...) whose plan moves nothing (mpitensor._ops._indexing), and a reshape of each
+ * rank's block in place (mpitensor._ops._shape). Python makes what the mesh keeps
+ * on the first call; C reads it. */
 #include "ext.h"
 
 /* A slice bound as a basic key caches it: None or an exact int. */
@@ -102,7 +103,88 @@ static PyObject *basic_view(PyObject *module, PyObject *const *a, Py_ssize_t n) 
   return out;
 }
 
-PyMethodDef mt_ext_index_methods[] = {
+/* Whether `shape` is a tuple of ints, as the reshape cache keys it. */
+static int int_tuple(PyObject *shape) {
+  if (!PyTuple_CheckExact(shape)) return 0;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape); ++i)
+    if (!PyLong_CheckExact(PyTuple_GET_ITEM(shape, i))) return 0;
+  return 1;
+}
+
+/* The reshape to `shape` of `b`'s layout that reshaped each rank's block in place
+ * before, as the mesh keeps it (a new reference: the tuple (spec, local shape,
+ * the input's local shape, the call's name) of mpitensor._ops._shape), when this
+ * rank's block has that input shape; else NULL without an exception. */
+static PyObject *kept_reshape(mt_ext_dispatch *d, mt_ext_dtensor *b, PyObject *shape) {
+  PyObject *spec = b->spec, *hit = NULL;
+  PyObject *kept = PyObject_GetAttr(PyTuple_GET_ITEM(spec, 0), d->str[MT_S_BLOCK_RESHAPES]);
+  PyObject *key = kept == NULL || !PyDict_CheckExact(kept) ? NULL :
+      PyTuple_Pack(4, shape, PyTuple_GET_ITEM(spec, 1), PyTuple_GET_ITEM(spec, 2),
+                   PyTuple_GET_ITEM(spec, 3));
+  if (key != NULL) hit = PyDict_GetItemWithError(kept, key);
+  Py_XDECREF(key);
+  if (hit != NULL && PyTuple_CheckExact(hit) && PyTuple_GET_SIZE(hit) == 4 &&
+      PyUnicode_CheckExact(PyTuple_GET_ITEM(hit, 3))) {
+    PyArrayObject *local = (PyArrayObject *)b->local;
+    PyObject *in = PyTuple_GET_ITEM(hit, 2);
+    int same = PyTuple_CheckExact(in) && PyTuple_GET_SIZE(in) == PyArray_NDIM(local);
+    for (int i = 0; same && i < PyArray_NDIM(local); ++i)
+      same = PyLong_AsSsize_t(PyTuple_GET_ITEM(in, i)) == PyArray_DIM(local, i);
+    hit = same ? Py_NewRef(hit) : NULL;
+  } else {
+    hit = NULL;
+  }
+  Py_XDECREF(kept);
+  PyErr_Clear(); /* the Python path raises what it must */
+  return hit;
+}
+
+/* block_reshape(func, dt, shape, order, caller): see the method table. */
+static PyObject *block_reshape(PyObject *module, PyObject *const *a, Py_ssize_t n) {
+  if (n != 5) return PyErr_Format(PyExc_TypeError, "block_reshape(func, dt, shape, order, caller)");
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  mt_ext_dtensor *b = (mt_ext_dtensor *)a[1];
+  /* The Python path's: an operand the door takes, a tool that listens, an order
+   * or a shape the kept reshapes do not key. */
+  if (Py_TYPE(a[1]) != d->dtensor || mt_ext_door_operand(d, a[1]) ||
+      mt_ext_events(d->modes) || !PyUnicode_CheckExact(a[3]) ||
+      PyUnicode_Compare(a[3], d->str[MT_S_ORDER_C]) != 0 || !int_tuple(a[2]))
+    Py_RETURN_NOTIMPLEMENTED;
+  PyObject *hit = kept_reshape(d, b, a[2]);
+  if (hit == NULL) Py_RETURN_NOTIMPLEMENTED;
+  /* Only a program's call is agreed, and an error state that raises agrees on
+   * the call's errors after it: both the Python door's. */
+  int program = mt_ext_by_program(d, a[4]);
+  int raises = program > 0 ? mt_ext_errstate_raises(d) : 0;
+  if (program <= 0 || raises != 0) {
+    PyErr_Clear();
+    Py_DECREF(hit);
+    Py_RETURN_NOTIMPLEMENTED;
+  }
+  PyObject *args = PyTuple_Pack(3, a[1], a[2], a[3]), *kwargs = PyDict_New(), *out = NULL;
+  long flags = args == NULL || kwargs == NULL ? -1 :
+      mt_ext_agree_call(d, PyTuple_GET_ITEM(hit, 3), args, kwargs, program, 1);
+  if (flags >= 0 && (flags & 2) != 0) {
+    /* Every rank's block is C-contiguous (agreed): NumPy's reshape of each is the
+     * view it was before. */
+    if (mt_ext_complete(d, b) == 0) {
+      PyObject *local = PyArray_Reshape((PyArrayObject *)b->local, PyTuple_GET_ITEM(hit, 1));
+      if (local != NULL)
+        out = mt_ext_new_dtensor(d, local, Py_NewRef(PyTuple_GET_ITEM(hit, 0)), 0, 0);
+    }
+  } else if (flags >= 0) {
+    /* Some rank's block is not: the Python door goes on from this agreement. */
+    PyObject *agreed = PyLong_FromLong(flags);
+    if (agreed != NULL) out = mt_ext_door_hook(d, a[0], args, kwargs, agreed);
+    Py_XDECREF(agreed);
+  }
+  Py_XDECREF(args);
+  Py_XDECREF(kwargs);
+  Py_DECREF(hit);
+  return out;
+}
+
+PyMethodDef mt_ext_views_methods[] = {
     {"index_key", index_key, METH_O,
      "index_key(key) -> a hashable stand-in for a basic key of ints, slices of ints, "
      "None and ... (NumPy's integer scalars as ints), else None: such keys take the "
@@ -114,5 +196,14 @@ PyMethodDef mt_ext_index_methods[] = {
      "write into it reaches dt; else NotImplemented (a key or operand the Python "
      "path takes, which also makes the plan). Collective on the mesh.\n\n"
      "Example: _C.basic_view(dt, (slice(None), slice(None, 4)))"},
+    {"block_reshape", (PyCFunction)(void (*)(void))block_reshape, METH_FASTCALL,
+     "block_reshape(func, dt, shape, order, caller) -> dt.reshape(shape) as the "
+     "method `func` (numpy.reshape) gives it, when the mesh keeps this layout's "
+     "reshape to `shape` (a tuple of ints, order 'C') as one of each rank's block in "
+     "place and the frame `caller` is a program's: the call agreed, then a view of "
+     "the local array where every rank's block is C-contiguous, else the Python "
+     "door from that agreement; else NotImplemented, before any agreement. "
+     "Collective on the mesh.\n\n"
+     "Example: _C.block_reshape(numpy.reshape, dt, (-1, 2), 'C', sys._getframe(1))"},
     {NULL, NULL, 0, NULL},
 };
