@@ -659,6 +659,10 @@ int mt_ext_by_program(mt_ext_dispatch *d, PyObject *frame);
  * needs none), or -1 with the agreed exception. */
 long mt_ext_agree_call(mt_ext_dispatch *d, PyObject *name, PyObject *args, PyObject *kwargs,
                        int program, int with_flags);
+/* The bits of mt_ext_agree_call's flags (mpitensor._call_agreement names them):
+ * a program made the call; every rank's DTensors hold C-contiguous local arrays;
+ * from MT_EXT_AGREED_CALL_FLAGS on, call_flags' bits. */
+enum { MT_EXT_AGREED_PROGRAM = 1, MT_EXT_AGREED_CONTIGUOUS = 2, MT_EXT_AGREED_CALL_FLAGS = 2 };
 
 /* -- operands on one mesh (ext_one_mesh.c) ------------------------------------------ */
 

@@ -468,7 +468,8 @@ long mt_ext_agree_call(mt_ext_dispatch *d, PyObject *name, PyObject *args, PyObj
       return -1;
     }
   }
-  return program | (long)contig << 1 | (long)flags << 2;
+  return (program ? MT_EXT_AGREED_PROGRAM : 0) | (contig ? MT_EXT_AGREED_CONTIGUOUS : 0) |
+         (long)flags << MT_EXT_AGREED_CALL_FLAGS;
 }
 
 /* agree_call(name, args, kwargs, caller): see the method table. */

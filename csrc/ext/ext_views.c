@@ -37,6 +37,23 @@ static PyObject *index_key(PyObject *module, PyObject *key) {
   return out;
 }
 
+/* What the mesh of `b` keeps in its dict `attr` for `first` and `b`'s layout,
+ * under the key (first, placements, shape, dtype) both Python caches use (a new
+ * reference), else NULL without an exception: the Python path makes it. */
+static PyObject *kept(mt_ext_dispatch *d, mt_ext_dtensor *b, int attr, PyObject *first) {
+  PyObject *spec = b->spec, *found = NULL;
+  PyObject *dict = PyObject_GetAttr(PyTuple_GET_ITEM(spec, 0), d->str[attr]);
+  PyObject *key = dict == NULL || !PyDict_CheckExact(dict) ? NULL :
+      PyTuple_Pack(4, first, PyTuple_GET_ITEM(spec, 1), PyTuple_GET_ITEM(spec, 2),
+                   PyTuple_GET_ITEM(spec, 3));
+  if (key != NULL) found = PyDict_GetItemWithError(dict, key);
+  Py_XINCREF(found);
+  Py_XDECREF(key);
+  Py_XDECREF(dict);
+  PyErr_Clear();
+  return found;
+}
+
 /* The plan's view, kept by the mesh for `key` of `b` (a new reference: the tuple
  * (fingerprint, cut, local shape, spec, message) of mpitensor._ops._indexing's
  * _Plan), else NULL without an exception. */
@@ -48,16 +65,10 @@ static PyObject *kept_view(mt_ext_dispatch *d, PyObject *module, mt_ext_dtensor 
     PyErr_Clear(); /* the Python path reports a bad key */
     return NULL;
   }
-  PyObject *spec = b->spec, *view = NULL;
-  PyObject *plans = PyObject_GetAttr(PyTuple_GET_ITEM(spec, 0), d->str[MT_S_INDEX_KEYS]);
-  PyObject *cache_key = plans == NULL || !PyDict_CheckExact(plans) ? NULL :
-      PyTuple_Pack(4, ck, PyTuple_GET_ITEM(spec, 1), PyTuple_GET_ITEM(spec, 2),
-                   PyTuple_GET_ITEM(spec, 3));
-  PyObject *plan = cache_key == NULL ? NULL : PyDict_GetItemWithError(plans, cache_key);
-  if (plan != NULL) view = PyObject_GetAttr(plan, d->str[MT_S_VIEW]);
+  PyObject *plan = kept(d, b, MT_S_INDEX_KEYS, ck);
   Py_DECREF(ck);
-  Py_XDECREF(cache_key);
-  Py_XDECREF(plans);
+  PyObject *view = plan == NULL ? NULL : PyObject_GetAttr(plan, d->str[MT_S_VIEW]);
+  Py_XDECREF(plan);
   if (view != NULL && PyTuple_CheckExact(view) && PyTuple_GET_SIZE(view) == 5 &&
       PyLong_CheckExact(PyTuple_GET_ITEM(view, 0)) && PyBytes_CheckExact(PyTuple_GET_ITEM(view, 4)))
     return view;
@@ -114,26 +125,16 @@ static int int_tuple(PyObject *shape) {
  * the input's local shape, the call's name) of mpitensor._ops._shape), when this
  * rank's block has that input shape; else NULL without an exception. */
 static PyObject *kept_reshape(mt_ext_dispatch *d, mt_ext_dtensor *b, PyObject *shape) {
-  PyObject *spec = b->spec, *hit = NULL;
-  PyObject *kept = PyObject_GetAttr(PyTuple_GET_ITEM(spec, 0), d->str[MT_S_BLOCK_RESHAPES]);
-  PyObject *key = kept == NULL || !PyDict_CheckExact(kept) ? NULL :
-      PyTuple_Pack(4, shape, PyTuple_GET_ITEM(spec, 1), PyTuple_GET_ITEM(spec, 2),
-                   PyTuple_GET_ITEM(spec, 3));
-  if (key != NULL) hit = PyDict_GetItemWithError(kept, key);
-  Py_XDECREF(key);
-  if (hit != NULL && PyTuple_CheckExact(hit) && PyTuple_GET_SIZE(hit) == 4 &&
-      PyUnicode_CheckExact(PyTuple_GET_ITEM(hit, 3))) {
-    PyArrayObject *local = (PyArrayObject *)b->local;
-    PyObject *in = PyTuple_GET_ITEM(hit, 2);
-    int same = PyTuple_CheckExact(in) && PyTuple_GET_SIZE(in) == PyArray_NDIM(local);
-    for (int i = 0; same && i < PyArray_NDIM(local); ++i)
-      same = PyLong_AsSsize_t(PyTuple_GET_ITEM(in, i)) == PyArray_DIM(local, i);
-    hit = same ? Py_NewRef(hit) : NULL;
-  } else {
-    hit = NULL;
-  }
-  Py_XDECREF(kept);
+  PyObject *hit = kept(d, b, MT_S_BLOCK_RESHAPES, shape);
+  int same = hit != NULL && PyTuple_CheckExact(hit) && PyTuple_GET_SIZE(hit) == 4 &&
+             PyUnicode_CheckExact(PyTuple_GET_ITEM(hit, 3));
+  PyArrayObject *local = (PyArrayObject *)b->local;
+  PyObject *in = same ? PyTuple_GET_ITEM(hit, 2) : NULL;
+  same = same && PyTuple_CheckExact(in) && PyTuple_GET_SIZE(in) == PyArray_NDIM(local);
+  for (int i = 0; same && i < PyArray_NDIM(local); ++i)
+    same = PyLong_AsSsize_t(PyTuple_GET_ITEM(in, i)) == PyArray_DIM(local, i);
   PyErr_Clear(); /* the Python path raises what it must */
+  if (!same) Py_CLEAR(hit);
   return hit;
 }
 
@@ -162,7 +163,7 @@ static PyObject *block_reshape(PyObject *module, PyObject *const *a, Py_ssize_t 
   PyObject *args = PyTuple_Pack(3, a[1], a[2], a[3]), *kwargs = PyDict_New(), *out = NULL;
   long flags = args == NULL || kwargs == NULL ? -1 :
       mt_ext_agree_call(d, PyTuple_GET_ITEM(hit, 3), args, kwargs, program, 1);
-  if (flags >= 0 && (flags & 2) != 0) {
+  if (flags >= 0 && (flags & MT_EXT_AGREED_CONTIGUOUS) != 0) {
     /* Every rank's block is C-contiguous (agreed): NumPy's reshape of each is the
      * view it was before. */
     if (mt_ext_complete(d, b) == 0) {
