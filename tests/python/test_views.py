@@ -339,7 +339,7 @@ def test_a_key_read_again_is_made_by_c_as_the_same_view(layout):
     assert_matches(held, np.arange(8.0 * W)[1:])
 
 
-def test_a_reshape_made_again_is_made_by_c_as_the_same_view():
+def test_a_reshape_made_again_is_made_by_c_as_the_same_view(monkeypatch):
     """A reshape of a layout that reshaped each rank's block in place before is made
     by C (``_C.block_reshape``): a view that writes into its base. Where some
     rank's block is not C-contiguous (here the last rank's), every rank goes on
@@ -360,7 +360,19 @@ def test_a_reshape_made_again_is_made_by_c_as_the_same_view():
     if COMM.rank == W - 1:
         local = np.asfortranarray(local)
     b = mt.DTensor.from_local(local, mesh, [S0], shape=full.shape, stride=a.stride())
-    assert_matches(b.reshape(-1, 2), full.reshape(-1, 2))
+    from mpitensor import _call_agreement, _registry
+    went_on, agreed_again = [], []
+    agreed, agree_call = _registry._agreed, _call_agreement.agree_call
+    monkeypatch.setattr(_registry, "_agreed", lambda func, args, kwargs, name, flags, cf: (
+        went_on.append(func), agreed(func, args, kwargs, name, flags, cf))[1])
+    monkeypatch.setattr(_call_agreement, "agree_call", lambda name, *rest: (
+        agreed_again.append(name), agree_call(name, *rest))[1])
+    got = b.reshape(-1, 2)
+    monkeypatch.undo()
+    # The Python door went on once, from C's agreement, and agreed on nothing more.
+    assert went_on == [np.reshape] and "numpy.reshape" not in agreed_again, (
+        went_on, agreed_again)
+    assert_matches(got, full.reshape(-1, 2))
 
 
 def test_a_key_read_again_is_still_seen_by_the_debug_tools():
