@@ -16,6 +16,7 @@ import gc
 import os
 import re
 import shutil
+import signal
 import tempfile
 
 import pytest
@@ -158,6 +159,12 @@ def pytest_report_header(config):
 # job; tests/run_mpi_pytest.sh sets it, a test's `timeout` marker replaces it.
 _PER_TEST = float(os.environ.get("MT_TEST_TIMEOUT", "300"))
 _watchdog_fd = [2]
+# Seconds between a test's stack dumps and the end of its process: every rank dumps
+# before the first rank's end ends the job, since the test's frame is only on the
+# rank that hangs, which need not be the first whose watchdog fires.
+_GRACE = 5.0
+# The end comes from SIGALRM's default action, which needs no GIL.
+signal.signal(signal.SIGALRM, signal.SIG_DFL)
 
 
 def _run_stderr(config) -> int:
@@ -174,16 +181,18 @@ def _run_stderr(config) -> int:
 def pytest_runtest_protocol(item, nextitem):
     # The watchdog is faulthandler's C thread: it needs no GIL, so it also fires
     # while a rank is stuck inside an MPI call that holds it. It dumps every
-    # thread's stack (the test's frame names the test) and ends the process, which
-    # `python -m mpi4py` turns into the end of the job. One watchdog a test: a
+    # thread's stack (the test's frame names the test); the kernel's timer ends the
+    # process _GRACE later, which mpiexec turns into the end of the job. One watchdog a test: a
     # thread of pytest-timeout's beside it cost more than an empty test at np 4.
     marker = item.get_closest_marker("timeout")
     seconds = _PER_TEST if marker is None else float(
         marker.args[0] if marker.args else marker.kwargs.get("timeout", _PER_TEST))
-    faulthandler.dump_traceback_later(seconds, exit=True, file=_watchdog_fd[0])
+    faulthandler.dump_traceback_later(seconds, file=_watchdog_fd[0])
+    signal.setitimer(signal.ITIMER_REAL, seconds + _GRACE)
     try:
         yield
     finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
         faulthandler.cancel_dump_traceback_later()
 
 
