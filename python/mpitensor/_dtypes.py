@@ -8,15 +8,35 @@ Every function here is Local.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
-try:
-    import ml_dtypes as _ml_dtypes
-except ImportError:  # mixed precision in bfloat16 then raises, naming ml_dtypes
-    _ml_dtypes = None
+# ml_dtypes is imported when bfloat16 is first asked for by name, not with
+# mpitensor: its import costs several times mpitensor's own, and every process of
+# an MPI job pays it at start. A bfloat16 array cannot exist before ml_dtypes is
+# imported, so a dtype is only compared with bfloat16 once some code imported it.
 
-#: ml_dtypes' bfloat16 dtype, or None when ml_dtypes is not installed.
-bfloat16 = None if _ml_dtypes is None else np.dtype(_ml_dtypes.bfloat16)
+#: ml_dtypes' bfloat16 dtype once ml_dtypes is imported in this process (by the
+#: program, or by :func:`require_bfloat16`), else None.
+bfloat16 = None
+
+
+def loaded_bfloat16() -> np.dtype | None:
+    """ml_dtypes' bfloat16 dtype when ml_dtypes is imported in this process, else
+    None (no array of it can exist yet). Imports nothing.
+
+    Example: ``loaded_bfloat16()`` is None until ``import ml_dtypes``.
+    """
+    global bfloat16
+    if bfloat16 is None:
+        module = sys.modules.get("ml_dtypes")
+        # A module still being imported has no bfloat16 yet.
+        kind = getattr(module, "bfloat16", None)
+        if kind is not None:
+            bfloat16 = np.dtype(kind)
+    return bfloat16
+
 
 _MISSING = ("bfloat16 needs the ml_dtypes package (NumPy has no bfloat16): "
             "pip install ml_dtypes")
@@ -30,9 +50,12 @@ def require_bfloat16() -> np.dtype:
         >>> require_bfloat16().name
         'bfloat16'
     """
-    if bfloat16 is None:
-        raise ImportError(_MISSING)
-    return bfloat16
+    if loaded_bfloat16() is None:
+        try:
+            import ml_dtypes  # noqa: F401 - registers bfloat16 with NumPy
+        except ImportError:
+            raise ImportError(_MISSING) from None
+    return loaded_bfloat16()
 
 
 def as_dtype(value) -> np.dtype:
@@ -50,11 +73,16 @@ def as_dtype(value) -> np.dtype:
 
 
 def is_bfloat16(dtype) -> bool:
-    """Whether ``dtype`` is ml_dtypes' bfloat16.
+    """Whether ``dtype`` is ml_dtypes' bfloat16 (the name ``"bfloat16"`` too, which
+    imports ml_dtypes as :func:`as_dtype` does).
 
     Example: ``is_bfloat16(np.float16)`` is False.
     """
-    return bfloat16 is not None and np.dtype(dtype) == bfloat16
+    dtype = as_dtype(dtype)
+    if dtype.kind != "V":
+        return False
+    bf16 = loaded_bfloat16()
+    return bf16 is not None and dtype == bf16
 
 
 def is_floating(dtype) -> bool:

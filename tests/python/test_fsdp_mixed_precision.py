@@ -11,6 +11,7 @@ rounded at each step) and the nn layers' float32 compute of 2-byte floats."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import numpy as np
 import pytest
@@ -90,6 +91,8 @@ def test_policy_is_torchs_frozen_dataclass():
 
 
 def test_bfloat16_without_ml_dtypes_names_it(monkeypatch):
+    # As where ml_dtypes is not installed: its import raises ImportError.
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)
     monkeypatch.setattr(mt._dtypes, "bfloat16", None)
     with pytest.raises(ImportError, match="ml_dtypes"):
         MixedPrecisionPolicy(param_dtype="bfloat16")

@@ -59,7 +59,7 @@ FLOORS = {
 # Imported inside functions because they are optional, heavy, or (mpi4py's MPI)
 # start MPI when imported.
 LAZY_OK = {"matplotlib", "ipyparallel", "torch", "tabulate", "rich", "mpi4py", "h5py",
-           "zarr", "numcodecs", "xarray", "h5netcdf"}
+           "zarr", "numcodecs", "xarray", "h5netcdf", "ml_dtypes"}
 
 
 def module_name(path: Path) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Replicate, Shard, init_device_mesh
-from mpi_helpers import Problems, bits_equal
+from mpi_helpers import Problems, bits_equal, fresh_job_env
 from io_helpers import BF16, N, RANK, array, check_dtensor, layouts
 
 COMM = MPI.COMM_WORLD
@@ -69,3 +71,37 @@ def test_a_state_dict_of_bfloat16_round_trips(tmp):
     again = mt.load(path, like=like)
     check_dtensor(p, again["w"], w, "w like=")
     assert p == []
+
+
+# A process that imports mpitensor and never ml_dtypes: mpitensor imports it only
+# when bfloat16 is asked for, by name or by a file that holds it.
+_FRESH = r"""
+import sys
+import numpy as np
+import mpitensor as mt
+assert "ml_dtypes" not in sys.modules, "import mpitensor imported ml_dtypes"
+mesh = mt.init_device_mesh("cpu", (1,))
+x = mt.distribute_tensor(np.arange(6.0).reshape(3, 2), mesh, [mt.Shard(0)])
+assert np.sum(x * 2.0, axis=1).shape == (3,) and x.astype(np.float16).dtype == np.float16
+assert "ml_dtypes" not in sys.modules, "a float computation imported ml_dtypes"
+for path in sys.argv[1:]:
+    back = mt.load(path, mesh, [mt.Shard(0)], **({"dataset": "x"} if path.endswith(".h5") else {}))
+    assert back.dtype.name == "bfloat16", (path, back.dtype)
+    assert np.array_equal(back.full_tensor().astype(np.float32), np.arange(6.0).reshape(3, 2))
+y = x.astype("bfloat16")
+assert y.dtype == mt.bfloat16 and y.dtype.name == "bfloat16"
+print("fresh process: ok")
+"""
+
+
+@pytest.mark.np(1)
+def test_a_process_that_never_imports_ml_dtypes_reads_and_makes_bfloat16(tmp):
+    g = np.arange(6.0, dtype=np.float32).reshape(3, 2).astype(BF16)
+    mesh = init_device_mesh("cpu", (1,))
+    paths = [os.path.join(tmp, f"fresh{suffix}") for suffix in (".npy", ".h5", ".zarr")]
+    for path in paths:
+        mt.save(mt.distribute_tensor(g, mesh, [Replicate()]), path,
+                **({"dataset": "x"} if path.endswith(".h5") else {}))
+    out = subprocess.run([sys.executable, "-c", _FRESH, *paths], env=fresh_job_env(),
+                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0 and "fresh process: ok" in out.stdout, out.stderr[-2000:]

@@ -19,14 +19,22 @@ from .. import _C, _clib, _dtypes
 from .._clib import I64
 from .._bind.core import mt_cumulate, mt_arg_extreme, mt_histogram_uniform, mt_bincount
 
-__all__ = ["KERNEL_DTYPES", "scan", "arg_extreme", "extreme", "uniform_counts",
+__all__ = ["kernel_dtype", "scan", "arg_extreme", "extreme", "uniform_counts",
            "bincount"]
 
-# The element types of mt_dtype, in this machine's byte order.
-KERNEL_DTYPES = frozenset(np.dtype(t) for t in (
+# The element types of mt_dtype, in this machine's byte order, but bfloat16
+# (kernel_dtype).
+_KERNEL_DTYPES = frozenset(np.dtype(t) for t in (
     np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
-    np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128)) | (
-    frozenset() if _dtypes.bfloat16 is None else frozenset((_dtypes.bfloat16,)))
+    np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128))
+
+
+def kernel_dtype(dtype: np.dtype) -> bool:
+    """Whether the core's kernels know ``dtype`` (an mt_dtype, native order). Local.
+
+    Example: ``kernel_dtype(np.dtype(np.float32))`` is True.
+    """
+    return dtype in _KERNEL_DTYPES or _dtypes.is_bfloat16(dtype)
 
 
 def scan(x, ax, op, init=None, out=True):
@@ -89,7 +97,7 @@ def arg_extreme(x, axis, largest):
     ``array([[1, 0]])``.
     """
     x = _native(x)
-    if x.dtype not in KERNEL_DTYPES or math.prod(x.shape[axis + 1:]) == 1:
+    if not kernel_dtype(x.dtype) or math.prod(x.shape[axis + 1:]) == 1:
         # Lanes that are contiguous: NumPy's own search runs along them in vectors.
         func = np.argmax if largest else np.argmin
         idx = func(x, axis=axis, keepdims=True)
@@ -100,7 +108,7 @@ def arg_extreme(x, axis, largest):
 
 def extreme(x, axis, largest):
     """Each lane's maximum (``largest``) or minimum of ``x`` (C-contiguous, native,
-    of a dtype in KERNEL_DTYPES) along ``axis`` (> 0 elements long), that axis
+    of a dtype in _KERNEL_DTYPES) along ``axis`` (> 0 elements long), that axis
     removed: the element numpy.argmax (argmin) picks, so a NaN is the extreme. One
     pass row by row, where NumPy's reduce down the rows of a block of few columns
     walks it one short row at a time. Local.

@@ -248,7 +248,7 @@ def _local_extreme(exact):
             if (type(a) is np.ndarray and a.dtype.kind in "fiu" and a.ndim == 2
                     and axis in (0, (0,), -2, (-2,)) and 2 <= a.shape[1] < _LANES_COLUMNS
                     and a.shape[0] >= max(_LANES_MIN_ROWS, 1) and a.flags.c_contiguous
-                    and a.dtype in _lanes.KERNEL_DTYPES):
+                    and _lanes.kernel_dtype(a.dtype)):
                 r = _lanes.extreme(a, 0, largest)
                 if a.dtype.kind != "f" or (np.count_nonzero(r) == r.size
                                            and not np.isnan(r).any()):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _C, _registry
+from .. import _C, _dtypes, _registry
 from .._clib import CORE
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec
@@ -169,7 +169,7 @@ def astype(a, dtype, copy=True):
     is reduced first unless the cast is exact (see the module notes). Local for
     exact casts and for inputs without Partials."""
     if not isinstance(dtype, np.dtype):
-        dtype = np.dtype(dtype)
+        dtype = _dtypes.as_dtype(dtype)
     s = a._spec
     if not copy and dtype == s.dtype:
         # a new DTensor on the same local array, not ``a`` itself: the tape records

@@ -74,6 +74,13 @@ def decode(prefix: bytes, path: str) -> NpyHeader:
     if not prefix.startswith(MAGIC):
         raise ValueError(f"{path!r} is not a .npy file: it does not start with the "
                          f"NumPy magic string")
+    if b"'bfloat16'" in prefix[:header_end(prefix)]:
+        # NumPy reads the name once ml_dtypes is imported, which mpitensor does
+        # only when bfloat16 is asked for.
+        try:
+            _dtypes.require_bfloat16()
+        except ImportError:
+            pass  # NumPy's error below names it
     f = io.BytesIO(prefix)
     try:
         version = npformat.read_magic(f)

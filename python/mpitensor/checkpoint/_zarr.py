@@ -73,14 +73,18 @@ def zarr():
     if int(module.__version__.split(".")[0]) < 3:
         raise ImportError(f"Zarr stores need zarr-python 3 or later; {module.__version__} "
                           f"is installed")
-    _register_bfloat16()
+    if _dtypes.loaded_bfloat16() is not None:
+        _register_bfloat16()
     return module
 
 
 def _register_bfloat16() -> None:
+    """Registers zarr-extensions' bfloat16 with zarr-python, once ml_dtypes is
+    imported."""
     from zarr.core.dtype import data_type_registry
 
-    if _dtypes.bfloat16 is None or "bfloat16" in data_type_registry.contents:
+    bfloat16 = _dtypes.loaded_bfloat16()
+    if bfloat16 is None or "bfloat16" in data_type_registry.contents:
         return
     from zarr.core.dtype.npy.float import BaseFloat
 
@@ -88,7 +92,7 @@ def _register_bfloat16() -> None:
     class BFloat16(BaseFloat):
         """zarr-extensions' bfloat16, as ml_dtypes' bfloat16 in memory."""
 
-        dtype_cls = type(_dtypes.bfloat16)
+        dtype_cls = type(bfloat16)
         _zarr_v3_name = "bfloat16"
         _zarr_v2_names = ()
 
@@ -97,7 +101,7 @@ def _register_bfloat16() -> None:
             return 2
 
         def to_native_dtype(self):
-            return _dtypes.bfloat16
+            return bfloat16
 
     data_type_registry.register("bfloat16", BFloat16)
 
@@ -483,6 +487,7 @@ def describe(opened) -> bytes:
     z = zarr()
     path = opened.path
     opened.directory = True
+    _bfloat16_of(opened.name)
     try:
         arr = z.open_array(z.storage.LocalStore(opened.name, read_only=True), mode="r")
     except FileNotFoundError as e:
@@ -498,6 +503,25 @@ def describe(opened) -> bytes:
     meta = "zarr.json" if arr.metadata.zarr_format == 3 else ".zarray"
     return json.dumps({"shape": list(arr.shape), "dtype": _npy.descr(dtype),
                        "meta": meta}).encode()
+
+
+def _bfloat16_of(root: str) -> None:
+    """Imports ml_dtypes and registers bfloat16 with zarr-python when the metadata
+    of the store at ``root`` names bfloat16: zarr-python parses it as it opens the
+    store, and the program may never have asked for bfloat16."""
+    for name in ("zarr.json", ".zarray"):
+        try:
+            with open(os.path.join(root, name), "rb") as f:
+                named = b'"bfloat16"' in f.read()
+        except OSError:
+            continue
+        if named:
+            try:
+                _dtypes.require_bfloat16()
+            except ImportError:
+                return  # zarr-python's error names the data type
+            _register_bfloat16()
+        return
 
 
 class ZarrReader(_stored.Reader):
