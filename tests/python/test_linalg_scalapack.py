@@ -12,6 +12,7 @@ monitoring counts what a 512 x 512 solve, eigh, eigvalsh and svd send at np 2
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -308,12 +309,21 @@ elif sys.argv[1] == "svd":
 """
 
 
+@functools.cache
 def _monitoring() -> bool:
     try:
         out = subprocess.run(["ompi_info"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return re.search(r"MCA pml: monitoring", out.stdout) is not None
+
+
+@pytest.fixture
+def monitoring():
+    """Skips the test where Open MPI has no pml monitoring: asked of ompi_info once,
+    when such a test runs, not by every rank of every pass as it collects."""
+    if not _monitoring():
+        pytest.skip("Open MPI without the pml monitoring")
 
 
 def _bytes_sent(op: str, where: str, n: int = 512) -> int:
@@ -406,7 +416,7 @@ def test_complex_factorizations_after_the_kernels_loaded_mkl():
 
 
 @pytest.mark.np(1)
-@pytest.mark.skipif(not _monitoring(), reason="Open MPI without the pml monitoring")
+@pytest.mark.usefixtures("monitoring")
 def test_solve_512_sends_less_than_the_matrix():
     with tempfile.TemporaryDirectory() as where:
         setup = _bytes_sent("none", where)
@@ -415,7 +425,7 @@ def test_solve_512_sends_less_than_the_matrix():
 
 
 @pytest.mark.np(1)
-@pytest.mark.skipif(not _monitoring(), reason="Open MPI without the pml monitoring")
+@pytest.mark.usefixtures("monitoring")
 def test_row_sharded_solve_sends_the_lu_panels_alone():
     """Rows of 512 per rank, too many to factor as they lie: A's rows, relabelled,
     are the LU's columns where they are (no block-cyclic copy, which would send
@@ -428,7 +438,7 @@ def test_row_sharded_solve_sends_the_lu_panels_alone():
 
 
 @pytest.mark.np(1)
-@pytest.mark.skipif(not _monitoring(), reason="Open MPI without the pml monitoring")
+@pytest.mark.usefixtures("monitoring")
 def test_eigh_512_sends_less_than_the_matrix():
     with tempfile.TemporaryDirectory() as where:
         setup = _bytes_sent("none", where)
@@ -437,7 +447,7 @@ def test_eigh_512_sends_less_than_the_matrix():
 
 
 @pytest.mark.np(1)
-@pytest.mark.skipif(not _monitoring(), reason="Open MPI without the pml monitoring")
+@pytest.mark.usefixtures("monitoring")
 def test_eigvalsh_512_sends_less_than_the_matrix():
     """Without eigenvectors only the tridiagonal reduction communicates: no
     eigenvector is computed, moved or transformed back."""
@@ -448,7 +458,7 @@ def test_eigvalsh_512_sends_less_than_the_matrix():
 
 
 @pytest.mark.np(1)
-@pytest.mark.skipif(not _monitoring(), reason="Open MPI without the pml monitoring")
+@pytest.mark.usefixtures("monitoring")
 def test_svd_512_sends_less_than_the_matrix():
     with tempfile.TemporaryDirectory() as where:
         setup = _bytes_sent("none", where)
