@@ -17,9 +17,8 @@ import numpy as np
 # an MPI job pays it at start. A bfloat16 array cannot exist before ml_dtypes is
 # imported, so a dtype is only compared with bfloat16 once some code imported it.
 
-#: ml_dtypes' bfloat16 dtype once ml_dtypes is imported in this process (by the
-#: program, or by :func:`require_bfloat16`), else None.
-bfloat16 = None
+# ml_dtypes' bfloat16 dtype once loaded_bfloat16 has seen ml_dtypes imported.
+_bfloat16 = None
 
 
 def loaded_bfloat16() -> np.dtype | None:
@@ -28,14 +27,14 @@ def loaded_bfloat16() -> np.dtype | None:
 
     Example: ``loaded_bfloat16()`` is None until ``import ml_dtypes``.
     """
-    global bfloat16
-    if bfloat16 is None:
+    global _bfloat16
+    if _bfloat16 is None:
         module = sys.modules.get("ml_dtypes")
         # A module still being imported has no bfloat16 yet.
         kind = getattr(module, "bfloat16", None)
         if kind is not None:
-            bfloat16 = np.dtype(kind)
-    return bfloat16
+            _bfloat16 = np.dtype(kind)
+    return _bfloat16
 
 
 _MISSING = ("bfloat16 needs the ml_dtypes package (NumPy has no bfloat16): "

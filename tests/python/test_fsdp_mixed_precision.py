@@ -93,7 +93,7 @@ def test_policy_is_torchs_frozen_dataclass():
 def test_bfloat16_without_ml_dtypes_names_it(monkeypatch):
     # As where ml_dtypes is not installed: its import raises ImportError.
     monkeypatch.setitem(sys.modules, "ml_dtypes", None)
-    monkeypatch.setattr(mt._dtypes, "bfloat16", None)
+    monkeypatch.setattr(mt._dtypes, "_bfloat16", None)
     with pytest.raises(ImportError, match="ml_dtypes"):
         MixedPrecisionPolicy(param_dtype="bfloat16")
     with pytest.raises(ImportError, match="ml_dtypes"):

@@ -108,7 +108,7 @@ def arg_extreme(x, axis, largest):
 
 def extreme(x, axis, largest):
     """Each lane's maximum (``largest``) or minimum of ``x`` (C-contiguous, native,
-    of a dtype in _KERNEL_DTYPES) along ``axis`` (> 0 elements long), that axis
+    of a dtype :func:`kernel_dtype` takes) along ``axis`` (> 0 elements long), that axis
     removed: the element numpy.argmax (argmin) picks, so a NaN is the extreme. One
     pass row by row, where NumPy's reduce down the rows of a block of few columns
     walks it one short row at a time. Local.
