@@ -51,7 +51,10 @@ typedef struct mt_ext_modes {
    * of the operations it runs are headed to that DTensor's layout. Python owns
    * the reference (the ctypes structure keeps it). */
   PyObject *want;
-  int implicit_replication, listeners;
+  /* listeners: entered CommDebugModes and DebugModes; recorders: the DebugModes
+   * alone, under which every call a program makes goes through the Python door,
+   * whose trace nests the operations it runs under the call. */
+  int implicit_replication, listeners, recorders;
   /* The records of live copy-views by the memory they were made of (a dict that
    * mpitensor._algorithms._views keeps, or NULL): while it holds any, a write
    * into a DTensor may have to reach a view's base, which only Python's write
@@ -325,6 +328,10 @@ struct mt_ext_dispatch {
    * that a state's address is never another's. */
   PyObject *errstate_var, *errstate_seen[2];
   int errstate_raises[2];
+  /* The name a user writes of each function called through the Python door
+   * (mpitensor._registry.call_label fills it; `_C.call_names`), by which the
+   * ranks agree on a call. */
+  PyObject *call_names;
   /* The memory of freed DTensors of type `dtensor`, untracked and with every
    * field cleared, which the next ones reuse (ext_dtensor.c, ext_spec.c). */
   PyObject *free_dtensors[MT_EXT_FREE_DTENSORS];
@@ -655,14 +662,20 @@ int mt_ext_call_flags(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs);
 int mt_ext_by_program(mt_ext_dispatch *d, PyObject *frame);
 /* `_C.agree_call` once the caller is judged (`program`): the ranks agree on
  * name(*args, **kwargs) when a program made it on a mesh of more than one rank;
- * its flags (call_flags' bits only `with_flags`: a C door that runs the call
- * needs none), or -1 with the agreed exception. */
+ * its flags (call_flags' bits and the error state's only `with_flags`: a C door
+ * that runs the call needs neither), or -1 with the agreed exception. */
 long mt_ext_agree_call(mt_ext_dispatch *d, PyObject *name, PyObject *args, PyObject *kwargs,
                        int program, int with_flags);
 /* The bits of mt_ext_agree_call's flags (mpitensor._call_agreement names them):
  * a program made the call; every rank's DTensors hold C-contiguous local arrays;
+ * a program made it while NumPy's error state raises on some floating-point error;
  * from MT_EXT_AGREED_CALL_FLAGS on, call_flags' bits. */
-enum { MT_EXT_AGREED_PROGRAM = 1, MT_EXT_AGREED_CONTIGUOUS = 2, MT_EXT_AGREED_CALL_FLAGS = 2 };
+enum {
+  MT_EXT_AGREED_PROGRAM = 1,
+  MT_EXT_AGREED_CONTIGUOUS = 2,
+  MT_EXT_AGREED_RAISES = 4,
+  MT_EXT_AGREED_CALL_FLAGS = 3
+};
 
 /* -- operands on one mesh (ext_one_mesh.c) ------------------------------------------ */
 

@@ -468,8 +468,10 @@ long mt_ext_agree_call(mt_ext_dispatch *d, PyObject *name, PyObject *args, PyObj
       return -1;
     }
   }
+  int raises = program && with_flags ? mt_ext_errstate_raises(d) : 0;
+  if (raises < 0) return -1;
   return (program ? MT_EXT_AGREED_PROGRAM : 0) | (contig ? MT_EXT_AGREED_CONTIGUOUS : 0) |
-         (long)flags << MT_EXT_AGREED_CALL_FLAGS;
+         (raises ? MT_EXT_AGREED_RAISES : 0) | (long)flags << MT_EXT_AGREED_CALL_FLAGS;
 }
 
 /* agree_call(name, args, kwargs, caller): see the method table. */
@@ -507,7 +509,9 @@ PyMethodDef mt_ext_call_agreement_methods[] = {
      "agree on call_fingerprint(name, args, kwargs): ValueError on every rank when "
      "the calls differ. Bit 0 of the result: a program made the call; bit 1: the "
      "DTensors hold C-contiguous local arrays on every rank of the mesh (known from "
-     "the agreement, or on a mesh of one rank; else 0); from bit 2 on: "
+     "the agreement, or on a mesh of one rank; else 0); bit 2: a program made it while "
+     "NumPy's error state raises (or calls a function) on some floating-point error; "
+     "from bit 3 on: "
      "call_flags(args, kwargs). "
      "Collective on that mesh when it agrees.\n\n"
      "Example: _C.agree_call('numpy.sum', (dt,), {'axis': 0}, sys._getframe(1))"},

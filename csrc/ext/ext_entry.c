@@ -655,20 +655,67 @@ static PyObject *cast_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *
   return door_hook(d, sig->func, args, kwargs, 1);
 }
 
+/* func(*args, **kwargs) run by the executor when it takes the call as it is, else
+ * NotImplemented before any agreement (see executor_call's entry in the table). */
+static PyObject *executor_take(mt_ext_dispatch *d, PyObject *func, PyObject *args,
+                               PyObject *kwargs, PyObject *caller) {
+  const mt_ext_sig *sig = mt_ext_sig_of(d, func);
+  /* A user's rule is the Python door's to run, before any agreement here. */
+  if (sig == NULL || sig->user_rule) Py_RETURN_NOTIMPLEMENTED;
+  if (sig->op.family == MT_OP_REDUCTION) return reduction_call(d, sig, args, kwargs, caller);
+  /* A ufunc's calls reach the executor through __array_ufunc__. */
+  if (sig->ufunc) return Py_NewRef(Py_NotImplemented);
+  return sig->cast ? cast_call(d, sig, args, kwargs, caller)
+                   : elementwise_call(d, sig, args, kwargs, caller);
+}
+
 /* executor_call(func, args, kwargs, caller): see the method table. */
 static PyObject *executor_call(PyObject *module, PyObject *const *a, Py_ssize_t n) {
   if (n != 4 || !PyTuple_Check(a[1]) || !PyDict_Check(a[2]))
     return PyErr_Format(PyExc_TypeError,
                         "executor_call(func, args: tuple, kwargs: dict, caller)");
+  return executor_take(mt_ext_dispatch_module(module), a[0], a[1], a[2], a[3]);
+}
+
+/* Whether NEP 18's `types` are all DTensor and ndarrays: any other type is
+ * another library's, which answers the call, or NumPy's TypeError. */
+static int own_types(const mt_ext_dispatch *d, PyObject *types) {
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(types); ++i) {
+    PyObject *t = PyTuple_GET_ITEM(types, i);
+    if (t != (PyObject *)d->dtensor &&
+        !(PyType_Check(t) && PyType_IsSubtype((PyTypeObject *)t, &PyArray_Type)))
+      return 0;
+  }
+  return 1;
+}
+
+/* door_enter(func, args, kwargs, caller, name, types): see the method table. */
+static PyObject *door_enter(PyObject *module, PyObject *const *a, Py_ssize_t n) {
+  if (n != 6 || !PyTuple_Check(a[1]) || !PyDict_Check(a[2]) ||
+      (a[4] != Py_None && !PyUnicode_Check(a[4])) || (a[5] != Py_None && !PyTuple_Check(a[5])))
+    return PyErr_Format(PyExc_TypeError,
+                        "door_enter(func, args: tuple, kwargs: dict, caller, "
+                        "name: str | None, types: tuple | None)");
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
-  const mt_ext_sig *sig = mt_ext_sig_of(d, a[0]);
-  /* A user's rule is the Python door's to run, before any agreement here. */
-  if (sig == NULL || sig->user_rule) Py_RETURN_NOTIMPLEMENTED;
-  if (sig->op.family == MT_OP_REDUCTION) return reduction_call(d, sig, a[1], a[2], a[3]);
-  /* A ufunc's calls reach the executor through __array_ufunc__. */
-  if (sig->ufunc) return Py_NewRef(Py_NotImplemented);
-  return sig->cast ? cast_call(d, sig, a[1], a[2], a[3])
-                   : elementwise_call(d, sig, a[1], a[2], a[3]);
+  PyObject *func = a[0], *args = a[1], *kwargs = a[2], *caller = a[3], *name = a[4];
+  if (a[5] != Py_None && !own_types(d, a[5])) Py_RETURN_NOTIMPLEMENTED;
+  /* Under DebugMode every call is the Python door's, which traces it whole. */
+  if (name == Py_None && d->modes->recorders == 0) {
+    PyObject *out = executor_take(d, func, args, kwargs, caller);
+    if (out != Py_NotImplemented) return out;
+    Py_DECREF(out);
+  }
+  /* mpitensor's own call (no frame): never agreed. */
+  if (caller == Py_None)
+    return PyLong_FromLong((long)mt_ext_call_flags(d, args, kwargs) << MT_EXT_AGREED_CALL_FLAGS);
+  int program = mt_ext_by_program(d, caller);
+  if (program < 0) return NULL;
+  if (name == Py_None && program) {
+    name = PyDict_GetItemWithError(d->call_names, func);
+    if (name == NULL) return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+  }
+  long flags = mt_ext_agree_call(d, name, args, kwargs, program, 1);
+  return flags < 0 ? NULL : PyLong_FromLong(flags);
 }
 
 /* set_user_rule(func, has_rule): see the method table. */
@@ -698,6 +745,18 @@ PyMethodDef mt_ext_entry_methods[] = {
      "(None: not agreed, as mpitensor's own calls). Collective on the mesh when "
      "agreed or when the call moves data.\n\n"
      "Example: _C.executor_call(numpy.sum, (dt,), {'axis': 1}, sys._getframe(1))"},
+    {"door_enter", (PyCFunction)(void (*)(void))door_enter, METH_FASTCALL,
+     "door_enter(func, args, kwargs, caller, name, types) -> the first steps of the "
+     "Python door (mpitensor._registry.door) in one call: NotImplemented when "
+     "`types` (NEP 18's; None: not asked) holds a type other than DTensor and "
+     "ndarrays; func(*args, **kwargs) run by the executor when `name` is None, no "
+     "DebugMode records and executor_call takes the call (agreed on the frame "
+     "`caller`); else the flags of agree_call(name, args, kwargs, caller), `name` "
+     "None: the one call_names holds for func, or None when it holds none (the door "
+     "names the function and asks again); `caller` None: mpitensor's own call, "
+     "never agreed, the flags call_flags' bits alone. Collective on the mesh when "
+     "agreed or when the executor moves data.\n\n"
+     "Example: _C.door_enter(numpy.flip, (dt, 1), {}, sys._getframe(1), None, None)"},
     {"set_user_rule", (PyCFunction)(void (*)(void))set_user_rule, METH_FASTCALL,
      "set_user_rule(func, has_rule): whether the executor's doors hand the ufunc or "
      "reduction `func` to the Python door, where a user's register_sharding rule "

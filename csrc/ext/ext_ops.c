@@ -321,7 +321,10 @@ int mt_ext_ops_exec(PyObject *module) {
   d->decision_limit = 4096, d->plan_limit = 256, d->layout_limit = 4096;
   d->op_ids = PyDict_New();
   d->hooks = PyDict_New();
-  if (d->op_ids == NULL || d->hooks == NULL || intern_names(d) < 0) return -1;
+  d->call_names = PyDict_New();
+  if (d->op_ids == NULL || d->hooks == NULL || d->call_names == NULL || intern_names(d) < 0 ||
+      PyModule_AddObjectRef(module, "call_names", d->call_names) < 0)
+    return -1;
   mt_error err = {0};
   return mt_ext_ok(mt_ptr_index_create(&d->sig_index, &err), &err);
 }
@@ -332,7 +335,7 @@ int mt_ext_ops_exec(PyObject *module) {
   X(d->deferred_type); X(d->deferred); X(d->isnan); X(d->where); X(d->hooks);        \
   X(d->view_grad); X(d->ufunc_type); X(d->replicate); X(d->op_ids); X(d->strided);    \
   X(d->kw_keepdims); X(d->kw_out); X(d->kw_dtype); X(d->errstate_var);              \
-  X(d->errstate_seen[0]); X(d->errstate_seen[1]);                                     \
+  X(d->errstate_seen[0]); X(d->errstate_seen[1]); X(d->call_names);                  \
   for (int i_ = 0; i_ < MT_S_COUNT; ++i_) X(d->str[i_]);                              \
   for (int i_ = 0; i_ < MT_MAX_NDIM; ++i_) X(d->shard[i_]);                           \
   for (int i_ = 0; i_ < MT_REDUCE_COUNT; ++i_) X(d->partial[i_]);                     \

@@ -26,16 +26,19 @@ from __future__ import annotations
 from . import _C, _modes
 
 __all__ = ["agree_call", "call_fingerprint", "agreed_call", "PROGRAM", "CONTIGUOUS",
-           "CALL_FLAGS", "PLAIN", "CALL_STRIDED", "CALL_GRAD", "CALL_MESHES", "CALL_PLAIN"]
+           "RAISES", "CALL_FLAGS", "PLAIN", "CALL_STRIDED", "CALL_GRAD", "CALL_MESHES",
+           "CALL_PLAIN"]
 
 # The flags agree_call returns: a program made the call (not mpitensor, whose own
 # calls are alike on every rank by construction); every DTensor argument holds a
 # C-contiguous local array on every rank (where NumPy's view of a local array is
-# one on every rank, no further all-reduce need ask); and, from bit CALL_FLAGS on,
+# one on every rank, no further all-reduce need ask); a program made it while
+# NumPy's error state raises (or calls a function) on some floating-point error,
+# so that the door agrees on the call's errors too; and, from bit CALL_FLAGS on,
 # ``_C.call_flags`` of the arguments, which the door would ask next (among them
 # whether a plain numeric ndarray, which the call takes as replicated once agreed,
 # is an argument).
-PROGRAM, CONTIGUOUS, CALL_FLAGS = 1, 2, 2
+PROGRAM, CONTIGUOUS, RAISES, CALL_FLAGS = 1, 2, 4, 3
 # The bits of ``_C.call_flags``: an argument is strided, needs a gradient, lives on
 # another mesh of the same ranks, or is a plain numeric ndarray; the last as
 # agree_call returns it.

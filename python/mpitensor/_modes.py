@@ -36,7 +36,8 @@ class _State(_clib.struct("mt_ext_modes")):
     gradients. ``want``: the DTensor whose gradient a backward rule computes (its
     operations' outputs are headed to its layout), or None.
     ``implicit_replication``: depth of implicit_replication() blocks.
-    ``listeners``: entered CommDebugModes and DebugModes. ``copy_views``: the
+    ``listeners``: entered CommDebugModes and DebugModes; ``recorders``: the
+    DebugModes alone. ``copy_views``: the
     records of live copy-views by memory (mpitensor._algorithms._views's dict)."""
 
     __slots__ = ()
@@ -218,6 +219,7 @@ def add_recorder(recorder) -> None:
     """
     recorders.append(recorder)
     state.listeners = len(listeners) + len(recorders)
+    state.recorders = len(recorders)
     _retrace()
 
 
@@ -225,6 +227,7 @@ def remove_recorder(recorder) -> None:
     if recorder in recorders:
         recorders.remove(recorder)
     state.listeners = len(listeners) + len(recorders)
+    state.recorders = len(recorders)
     _retrace()
 
 

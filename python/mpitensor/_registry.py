@@ -39,8 +39,8 @@ import numpy as np
 from . import _C, _call_agreement, _comm, _dtypes, _modes, _strided, _trace
 from .placement_types import _StridedShard
 
-__all__ = ["implements", "lookup", "call", "door", "door_from_c", "call_label",
-           "gather_call", "NoRule",
+__all__ = ["implements", "lookup", "call", "door", "array_function", "door_from_c",
+           "call_label", "gather_call", "NoRule",
            "no_rule", "qualified_name", "op_label", "functions", "rules", "backwards",
            "set_rule", "clear_rules", "forward_unrecorded", "first_mesh"]
 
@@ -92,42 +92,61 @@ def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
     """``func(*args, **kwargs)`` on DTensors, the one door of the calls written in
     Python: a call the executor takes as it is (``np.sum(x, axis=1)``,
     ``np.where(m, x, 0)``) is agreed and run by C in one call; any other call is
-    agreed first when the frame ``caller`` is a program's (every rank raises the same ValueError when
-    the calls differ), each plain ndarray beside DTensors taken as replicated once
-    agreed; then a user's rule, or the registered entry, with strided operands
-    moved to plain layouts and the call recorded for autograd; where the rule does
-    not cover these arguments (it raised NoRule before anything moved, on every
-    rank alike), NumPy on the gathered arrays (:func:`gather_call`, under
-    ``name``). Collective on the mesh when the call is agreed or moves data.
+    agreed first when the frame ``caller`` is a program's (every rank raises the
+    same ValueError when the calls differ), each plain ndarray beside DTensors
+    taken as replicated once agreed; then a user's rule, or the registered entry,
+    with strided operands moved to plain layouts and the call recorded for
+    autograd; where the rule does not cover these arguments (it raised NoRule
+    before anything moved, on every rank alike), NumPy on the gathered arrays
+    (:func:`gather_call`, under ``name``). Collective on the mesh when the call is
+    agreed or moves data.
 
     Example: ``door(np.concatenate, ([a, b],), {"axis": 1}, None, sys._getframe(1))``.
     """
-    if name is None and not _modes.recorders:
-        # A call the executor takes as it is (np.sum(x, axis=1), np.where(m, x, 0))
-        # is agreed and run in one C call; C alone knows which those are.
-        out = _C.executor_call(func, args, kwargs, caller)
-        if out is not NotImplemented:
-            return out
-    # Every call a program makes pays for this function: the agreement is one C
-    # call, and the usual call (no DebugMode, no user's rule, no flag of
+    # Every call a program makes pays for this function: the executor's attempt
+    # and the agreement are one C call (C alone knows which calls the executor
+    # takes), and the usual call (no DebugMode, no user's rule, no flag of
     # _C.call_flags, no error state to agree on) runs the entry itself.
+    out = _C.door_enter(func, args, kwargs, caller, name, None)
+    if out is None:
+        # A program's first call of a function not yet named.
+        out = _C.door_enter(func, args, kwargs, caller, call_label(func, args), None)
+    if type(out) is not int:
+        return out
     if caller is None:
-        flags, call_flags = 0, _C.call_flags(args, kwargs)
-    else:
-        flags = _call_agreement.agree_call(name or _names.get(func) or call_label(func, args),
-                                           args, kwargs, caller)
-        call_flags = flags >> _call_agreement.CALL_FLAGS
-    return _agreed(func, args, kwargs, name, flags, call_flags)
+        return _agreed(func, args, kwargs, name, 0, out >> _CALL_FLAGS)
+    return _agreed(func, args, kwargs, name, out, out >> _CALL_FLAGS)
+
+
+def array_function(self, func, types, args, kwargs):
+    """``DTensor.__array_function__`` (NEP 18): NumPy's ``func(*args, **kwargs)``
+    with a DTensor among the arguments, through :func:`door` as the program made
+    it; NotImplemented when another type than DTensor and ndarrays takes part, so
+    that its library answers. Collective on the mesh when the call is agreed or
+    moves data.
+
+    Example: ``np.flip(dt, 1)`` reaches ``array_function(dt, np.flip, (DTensor,),
+    (dt, 1), {})``.
+    """
+    # The door's first C call, made here: a NumPy function is the call a program
+    # makes most, and each Python frame between NumPy and the entry costs it.
+    out = _C.door_enter(func, args, kwargs, sys._getframe(1), None, types)
+    if type(out) is int:
+        return _agreed(func, args, kwargs, None, out, out >> _CALL_FLAGS)
+    return door(func, args, kwargs, None, sys._getframe(1)) if out is None else out
 
 
 def _agreed(func, args: tuple, kwargs: dict, name, flags: int, call_flags: int):
     """The door's steps once the ranks agreed on the call (``flags``, the
     agreement's; ``call_flags``, its bits from CALL_FLAGS on)."""
     global viewing
-    outer = viewing
-    viewing = (func, flags) if flags & _PROGRAM else None
+    # Only an entry that asks program_call needs the flags kept meanwhile.
+    viewer = func in _viewers
+    if viewer:
+        outer = viewing
+        viewing = (func, flags) if flags & _PROGRAM else None
     try:
-        if flags & _PROGRAM and _C.errstate_raises():
+        if flags & _RAISES:
             return _errors_agreed(func, args, kwargs, name, lambda: _door_run(
                 func, args, kwargs, name, flags, call_flags))
         entry = None if call_flags or rules or _modes.recorders else functions.get(func)
@@ -138,7 +157,8 @@ def _agreed(func, args: tuple, kwargs: dict, name, flags: int, call_flags: int):
         except NoRule as e:
             return gather_call(func, args, kwargs, name, cause=e)
     finally:
-        viewing = outer
+        if viewer:
+            viewing = outer
 
 
 def _door_run(func, args: tuple, kwargs: dict, name, flags: int, call_flags: int):
@@ -221,8 +241,11 @@ def first_mesh(values):
 # The NumPy function a program called through the door and the flags of its
 # agreement, until its entry takes them (program_call): whose result NumPy makes a
 # view of an argument, the entry makes one for the program; calls mpitensor makes
-# inside keep their own new arrays.
+# inside keep their own new arrays. Kept only for the functions registered with
+# ``implements(..., views=True)`` (``_viewers``), whose entries ask; every other
+# call leaves it alone.
 viewing = None
+_viewers: set = set()
 
 
 def program_call(func) -> int:
@@ -233,6 +256,9 @@ def program_call(func) -> int:
     Example: ``if program_call(np.reshape): out = _views.keep(a, out, ...)``.
     """
     global viewing
+    if func not in _viewers:
+        raise RuntimeError(f"program_call: {qualified_name(func)} is not registered "
+                           "with implements(..., views=True)")
     v = viewing
     if v is None or v[0] is not func:
         return 0
@@ -305,9 +331,9 @@ def _door_from_c_run(func, args: tuple, kwargs: dict, flags: int):
         _modes.pop_implicit_replication()
 
 
-# The name a user writes of each function called through the door; a ufunc's
-# call is named by its ufunc.
-_names: dict = {}
+# The name a user writes of each function called through the door, which C reads
+# as it agrees on a program's call; a ufunc's call is named by its ufunc.
+_names: dict = _C.call_names
 
 
 def call_label(func, args: tuple = (), name: str | None = None) -> str:
@@ -337,7 +363,9 @@ def call_label(func, args: tuple = (), name: str | None = None) -> str:
 
 _STRIDED, _GRAD, _MESHES, _PLAIN = (_call_agreement.CALL_STRIDED, _call_agreement.CALL_GRAD,
                                     _call_agreement.CALL_MESHES, _call_agreement.CALL_PLAIN)
-_PROGRAM, _DOOR_PLAIN = _call_agreement.PROGRAM, _call_agreement.PLAIN
+_PROGRAM, _RAISES, _DOOR_PLAIN = (_call_agreement.PROGRAM, _call_agreement.RAISES,
+                                  _call_agreement.PLAIN)
+_CALL_FLAGS = _call_agreement.CALL_FLAGS
 
 
 def _run(func, args: tuple, kwargs: dict, from_c: bool, flags: int = -1):
@@ -556,10 +584,12 @@ def _recorded(func, args: tuple, kwargs: dict, rule, entry):
     return res
 
 
-def implements(*np_funcs, takes_strided=False):
+def implements(*np_funcs, takes_strided=False, views=False):
     """Registers the decorated function as the DTensor version of ``np_funcs``;
     ``takes_strided``: it reads strided-shard operands itself (otherwise the
-    executor moves them to plain layouts first). Local (at import).
+    executor moves them to plain layouts first); ``views``: it asks
+    :func:`program_call` whether a program made the call, to give the program
+    NumPy's view. Local (at import).
 
     Example::
 
@@ -569,6 +599,8 @@ def implements(*np_funcs, takes_strided=False):
     def register(impl):
         for f in np_funcs:
             functions[f] = impl
+            if views:
+                _viewers.add(f)
         if takes_strided:
             impl.takes_strided = True
         return impl

@@ -271,6 +271,44 @@ def test_a_reduction_function_runs_in_c_or_its_rule_in_python_without_a_round_tr
         _registry.set_rule(np.sum, None)
 
 
+def test_a_function_the_executor_leaves_reaches_its_entry_after_one_c_call(mesh, monkeypatch):
+    """np.flip, which the executor does not take, goes from DTensor.__array_function__
+    to its Python entry after one C call (the executor's attempt and the agreement
+    together), and nothing in C hands it back to Python."""
+    from mpitensor import _registry
+    a = mt.distribute_tensor(np.arange(12.0 * W).reshape(2 * W, 6), mesh, [Shard(0)])
+    np.flip(a, 1)
+    enter, entered = _C.door_enter, []
+    monkeypatch.setattr(_C, "door_enter", lambda *args: entered.append(args[0]) or enter(*args))
+    before = _trace.hook_stats()["entry"]
+    got = np.flip(a, 1)
+    assert entered == [np.flip] and _trace.hook_stats()["entry"] == before
+    np.testing.assert_array_equal(got.full_tensor(), np.flip(a.full_tensor(), 1))
+    assert np.flip in _registry._viewers and np.cumsum not in _registry._viewers
+
+
+def test_another_librarys_type_answers_the_call(mesh):
+    """NEP 18: DTensor's __array_function__ declines a call in which a type other
+    than DTensor and ndarrays takes part, so that the other library answers."""
+    class Other:
+        def __array_function__(self, func, types, args, kwargs):
+            return ("other", func)
+
+    a = mt.distribute_tensor(np.ones((2 * W, 3)), mesh, [Shard(0)])
+    assert np.concatenate([a, Other()]) == ("other", np.concatenate)
+    assert np.concatenate([a, np.ones((1, 3))]).shape == (2 * W + 1, 3)
+
+
+def test_only_an_entry_registered_to_view_asks_whether_a_program_called():
+    """The door keeps the agreement's flags only for the entries registered with
+    implements(..., views=True): any other entry that asked would be told 0 where
+    a program called it, so it is an error, not a silent copy."""
+    from mpitensor import _registry
+    assert _registry.program_call(np.flip) == 0
+    with pytest.raises(RuntimeError, match="views=True"):
+        _registry.program_call(np.cumsum)
+
+
 def test_where_and_clip_of_dtensors_and_scalars_run_in_c_else_in_their_entries(
         mesh, monkeypatch):
     """np.where(m, x, y) and np.clip(x, lo, hi) (and x.clip(lo, hi)) of DTensors and

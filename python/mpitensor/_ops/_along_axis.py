@@ -452,7 +452,7 @@ def _diff_part(v, a, axis):
     return DTensor.from_local(np.ascontiguousarray(v), mesh, [Replicate()] * mesh.ndim)
 
 
-@_registry.implements(np.flip)
+@_registry.implements(np.flip, views=True)
 def flip(m, axis=None):
     """numpy.flip: local along unsharded axes; a sharded axis moves first
     (see lanes_layout), or, when no dim can take its shard, flips by one exchange

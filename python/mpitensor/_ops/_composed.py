@@ -53,7 +53,7 @@ def _dtensor(name, x):
     return x
 
 
-@_registry.implements(np.rot90)
+@_registry.implements(np.rot90, views=True)
 def rot90(m, k=1, axes=(0, 1)):
     """``np.rot90`` of a DTensor: NumPy's flips and transpose, each a DTensor
     operation (a flip along a sharded axis is one exchange; the transpose moves

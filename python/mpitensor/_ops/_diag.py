@@ -33,7 +33,7 @@ def _run(key, a, out_shape, compute):
     return D.execute(key, (a,), build, compute)
 
 
-@_registry.implements(np.diag)
+@_registry.implements(np.diag, views=True)
 def diag(v, k=0):
     """``np.diag`` of a DTensor: a 1-D one gives the 2-D array with it on diagonal
     ``k``, a 2-D one its diagonal ``k``; Replicate (Partial stays). Local when

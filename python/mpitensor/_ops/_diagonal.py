@@ -234,7 +234,7 @@ def trace(a, offset=0, axis1=0, axis2=1, dtype=None, out=None):
         spec.mesh, pls, shape, np.dtype(out_dtype), contiguous_strides(shape)))
 
 
-@_registry.implements(np.diagonal)
+@_registry.implements(np.diagonal, views=True)
 def diagonal(a, offset=0, axis1=0, axis2=1):
     """``np.diagonal`` of a DTensor: each rank places the part of the diagonal it
     holds at its global positions, in zeros elsewhere; Partial(sum) over the mesh

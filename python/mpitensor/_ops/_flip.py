@@ -80,7 +80,7 @@ def _at_least(name, m, ndim):
         raise ValueError(f"Input must be >= {ndim}-d.")
 
 
-@_registry.implements(np.fliplr)
+@_registry.implements(np.fliplr, views=True)
 def fliplr(m):
     """``np.fliplr``: ``np.flip(m, 1)`` of a DTensor of 2 or more dims. Local unless
     axis 1 is sharded.
@@ -93,7 +93,7 @@ def fliplr(m):
     return as_view(m, out, 1, lambda p: np.flip(p, 1)) if program else out
 
 
-@_registry.implements(np.flipud)
+@_registry.implements(np.flipud, views=True)
 def flipud(m):
     """``np.flipud``: ``np.flip(m, 0)`` of a DTensor of 1 or more dims. Local unless
     axis 0 is sharded; a sharded 1-D array flips by one exchange.

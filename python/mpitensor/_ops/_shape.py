@@ -512,7 +512,7 @@ def _reshape_map(src, dst):
                     partial_ops=ALL_OPS, sizes=sizes, out_sizes=resized)
 
 
-@_registry.implements(np.reshape, takes_strided=True)
+@_registry.implements(np.reshape, takes_strided=True, views=True)
 def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
     """numpy.reshape of a DTensor (also ``dt.reshape``). Collective on the mesh
     when the input must move: a group of dims that reshape merges or splits keeps
@@ -712,7 +712,7 @@ def _reshape_copy(local, box):
     return local.reshape(box).copy()
 
 
-@_registry.implements(np.ravel, takes_strided=True)
+@_registry.implements(np.ravel, takes_strided=True, views=True)
 def ravel(a, order="C"):
     """numpy.ravel of a DTensor (also ``dt.ravel()`` and ``dt.flatten()``), which is
     ``reshape(a, -1)``: a Shard of the leading dim stays where every rank's share

@@ -181,7 +181,7 @@ def _pieces(name, ary, indices_or_sections, axis, equal) -> list:
     return [_piece(whole, ax, lo, hi) for lo, hi in bounds]
 
 
-@_registry.implements(np.split)
+@_registry.implements(np.split, views=True)
 def split(ary, indices_or_sections, axis=0):
     """``np.split`` of a DTensor: a list of DTensors, each placed as the input
     except along ``axis``, which is whole in every piece. Local unless a mesh dim
@@ -194,7 +194,7 @@ def split(ary, indices_or_sections, axis=0):
     return _split("numpy.split", np.split, ary, indices_or_sections, axis, True)
 
 
-@_registry.implements(np.array_split)
+@_registry.implements(np.array_split, views=True)
 def array_split(ary, indices_or_sections, axis=0):
     """``np.array_split`` of a DTensor: as :func:`split`, the pieces' lengths
     differing by at most one when ``indices_or_sections`` is an int that does not
@@ -215,7 +215,7 @@ def _split_axis(name, ary, least, axis_of):
     return axis_of(ary.ndim)
 
 
-@_registry.implements(np.hsplit)
+@_registry.implements(np.hsplit, views=True)
 def hsplit(ary, indices_or_sections):
     """``np.hsplit`` of a DTensor: ``np.split`` along axis 1 (axis 0 of a 1-D
     DTensor). Local unless that axis is sharded; collective then.
@@ -226,7 +226,7 @@ def hsplit(ary, indices_or_sections):
     return _split("numpy.hsplit", np.hsplit, ary, indices_or_sections, ax, True)
 
 
-@_registry.implements(np.vsplit)
+@_registry.implements(np.vsplit, views=True)
 def vsplit(ary, indices_or_sections):
     """``np.vsplit`` of a DTensor of 2 or more dims: ``np.split`` along axis 0.
     Local unless axis 0 is sharded; collective then.
@@ -237,7 +237,7 @@ def vsplit(ary, indices_or_sections):
     return _split("numpy.vsplit", np.vsplit, ary, indices_or_sections, 0, True)
 
 
-@_registry.implements(np.dsplit)
+@_registry.implements(np.dsplit, views=True)
 def dsplit(ary, indices_or_sections):
     """``np.dsplit`` of a DTensor of 3 or more dims: ``np.split`` along axis 2.
     Local unless axis 2 is sharded; collective then.
