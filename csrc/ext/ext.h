@@ -756,6 +756,6 @@ extern PyMethodDef mt_ext_pool_methods[], mt_ext_ops_methods[], mt_ext_autograd_
     mt_ext_decide_methods[], mt_ext_exec_methods[],
     mt_ext_hooks_methods[], mt_ext_entry_methods[], mt_ext_move_methods[],
     mt_ext_one_mesh_methods[], mt_ext_call_agreement_methods[], mt_ext_deferred_methods[],
-    mt_ext_views_methods[];
+    mt_ext_views_methods[], mt_ext_spec_methods[];
 
 #endif

@@ -7,6 +7,8 @@
 
 #include <string.h>
 
+#include "mpitensor/core/layout.h"
+
 int mt_ext_interned_code(const mt_ext_dispatch *d, const PyObject *p, mt_placement *out) {
   if (p == d->replicate) return *out = (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0, 0}, 1;
   for (int i = 0; i < MT_MAX_NDIM; ++i)
@@ -256,3 +258,36 @@ PyObject *mt_ext_new_dtensor(mt_ext_dispatch *d, PyObject *local, PyObject *spec
   b->local = local, b->spec = spec, b->layout_id = id, b->fresh = (char)fresh;
   return (PyObject *)b;
 }
+
+/* contiguous_strides(shape): see the method table. */
+static PyObject *contiguous_strides(PyObject *Py_UNUSED(module), PyObject *shape) {
+  PyObject *seq = PySequence_Fast(shape, "contiguous_strides: shape must be a sequence of ints");
+  if (seq == NULL) return NULL;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  int64_t sh[MT_MAX_NDIM], st[MT_MAX_NDIM];
+  if (n > MT_MAX_NDIM) {
+    Py_DECREF(seq);
+    return PyErr_Format(PyExc_ValueError, "contiguous_strides: more than %d dims", MT_MAX_NDIM);
+  }
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject *v = PyNumber_Index(PySequence_Fast_GET_ITEM(seq, i));
+    sh[i] = v == NULL ? -1 : PyLong_AsLongLong(v);
+    Py_XDECREF(v);
+    if (sh[i] == -1 && PyErr_Occurred()) {
+      Py_DECREF(seq);
+      return NULL;
+    }
+  }
+  Py_DECREF(seq);
+  mt_layout_contiguous_strides((int)n, sh, st);
+  return mt_ext_int_tuple(st, (int)n);
+}
+
+PyMethodDef mt_ext_spec_methods[] = {
+    {"contiguous_strides", contiguous_strides, METH_O,
+     "contiguous_strides(shape) -> torch's strides of a contiguous tensor of `shape` "
+     "(a dim of size 0 counts as 1; mt_layout_contiguous_strides), as a tuple. "
+     "Local.\n\n"
+     "Example: _C.contiguous_strides((4, 0)) == (1, 1)"},
+    {NULL, NULL, 0, NULL},
+};

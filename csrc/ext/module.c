@@ -19,7 +19,7 @@ static int module_exec(PyObject *module) {
                            mt_ext_entry_methods,  mt_ext_move_methods,
                            mt_ext_owned_methods,  mt_ext_one_mesh_methods,
                            mt_ext_call_agreement_methods, mt_ext_deferred_methods,
-                           mt_ext_views_methods,  NULL};
+                           mt_ext_views_methods,  mt_ext_spec_methods, NULL};
   for (PyMethodDef **t = tables; *t != NULL; ++t)
     if (PyModule_AddFunctions(module, *t) < 0) return -1;
   /* The counters, for the ctypes bindings that pass them back to C

@@ -272,3 +272,27 @@ def test_a_strided_plan_is_refused_by_the_core_in_its_words():
     with pytest.raises(ValueError, match=r"no box of its own.*mt_strided_expand"):
         plan(mesh, (8 * N,), (_StridedShard(0, split_factor=2),), (Replicate(),),
              np.dtype("f8"))
+
+
+# -- contiguous strides -------------------------------------------------------------
+
+@given(st.lists(st.integers(0, 7), max_size=6))
+@settings(max_examples=60, deadline=None)
+def test_contiguous_strides_are_torchs(shape):
+    """torch's strides of a contiguous tensor: each dim's the product of the later
+    sizes, a size 0 counting as 1; a list, a tuple and NumPy's ints alike."""
+    from mpitensor._bind.core import contiguous_strides
+    want = tuple(math.prod(max(n, 1) for n in shape[k + 1:]) for k in range(len(shape)))
+    assert contiguous_strides(tuple(shape)) == want
+    assert contiguous_strides(shape) == want
+    assert contiguous_strides([np.int64(n) for n in shape]) == want
+
+
+def test_contiguous_strides_refuse_what_is_not_a_shape():
+    from mpitensor._bind.core import contiguous_strides
+    with pytest.raises(TypeError):
+        contiguous_strides((2, 1.5))
+    with pytest.raises(TypeError):
+        contiguous_strides(3)
+    with pytest.raises(ValueError, match="dims"):
+        contiguous_strides((1,) * 17)

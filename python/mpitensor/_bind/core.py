@@ -12,6 +12,7 @@ import operator
 
 import numpy as np
 
+from .. import _C
 from .._clib import (CODES, MAX_MESH_NDIM, MAX_NDIM, U32, U64, A, D, E, I, I64, P, _Box,
                      _int64s, _Layout, _Placement, _Selection, call, fn, ptr, struct)
 
@@ -20,7 +21,6 @@ TimeModel, Step, DimMap, Lanes, MemoStats = map(struct, (
 
 # Layout math
 mt_chunk = fn("mt_chunk", None, I64, I64, I64, ptr(I64), ptr(I64))
-mt_layout_contiguous_strides = fn("mt_layout_contiguous_strides", None, I, P, P)
 mt_layout_init = fn("mt_layout_init", I, _Layout, I, P, I, P, P, E)
 mt_layout_local_box = fn("mt_layout_local_box", I, _Layout, P, _Box, E)
 mt_selection_image = fn("mt_selection_image", I, _Selection, _Box, _Box)
@@ -126,21 +126,11 @@ def chunk_sizes(n: int, k: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=4096)
-def _strides_of(shape: tuple) -> tuple[int, ...]:
-    sh, n = _int64s(shape, MAX_NDIM, "shape")
-    st = (I64 * max(n, 1))()
-    mt_layout_contiguous_strides(n, sh, st)
-    return tuple(st[:n])
-
-
-def contiguous_strides(shape) -> tuple[int, ...]:
-    """torch's strides of a contiguous tensor of ``shape`` (a dim of size 0 counts
-    as 1; mt_layout_contiguous_strides).
-
-    Example: ``contiguous_strides((4, 0)) == (1, 1)``.
-    """
-    return _strides_of(tuple(shape))
+# torch's strides of a contiguous tensor of ``shape`` (a dim of size 0 counts as 1;
+# mt_layout_contiguous_strides), as a tuple: a CPython function of the extension,
+# since an operation on a small array asks it of its output each time. Example:
+# ``contiguous_strides((4, 0)) == (1, 1)``.
+contiguous_strides = _C.contiguous_strides
 
 
 @functools.lru_cache(maxsize=4096)
