@@ -283,7 +283,49 @@ static PyObject *contiguous_strides(PyObject *Py_UNUSED(module), PyObject *shape
   return mt_ext_int_tuple(st, (int)n);
 }
 
+/* The fields of a DTensorSpec, in order. */
+static const char *const spec_fields[5] = {"mesh", "placements", "shape", "dtype", "stride"};
+
+/* new_spec(cls, mesh, placements, shape, dtype, stride): see the method table. */
+static PyObject *new_spec(PyObject *Py_UNUSED(module), PyObject *const *a, Py_ssize_t n,
+                          PyObject *kwnames) {
+  if (n < 1 || !PyType_Check(a[0]) || !PyType_IsSubtype((PyTypeObject *)a[0], &PyTuple_Type))
+    return PyErr_Format(PyExc_TypeError, "DTensorSpec.__new__(cls): cls must be a tuple type");
+  if (n > 6)
+    return PyErr_Format(PyExc_TypeError,
+                        "DTensorSpec() takes 5 positional arguments but %zd were given", n - 1);
+  PyObject *items[5] = {NULL};
+  for (Py_ssize_t i = 1; i < n; ++i) items[i - 1] = a[i];
+  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t k = 0; k < nkw; ++k) {
+    PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+    int j = 0;
+    while (j < 5 && PyUnicode_CompareWithASCIIString(key, spec_fields[j]) != 0) ++j;
+    if (j == 5)
+      return PyErr_Format(PyExc_TypeError,
+                          "DTensorSpec() got an unexpected keyword argument '%U'", key);
+    if (items[j] != NULL)
+      return PyErr_Format(PyExc_TypeError,
+                          "DTensorSpec() got multiple values for argument '%s'", spec_fields[j]);
+    items[j] = a[n + k];
+  }
+  for (int j = 0; j < 5; ++j)
+    if (items[j] == NULL)
+      return PyErr_Format(PyExc_TypeError,
+                          "DTensorSpec() missing required argument: '%s'", spec_fields[j]);
+  PyTypeObject *tp = (PyTypeObject *)a[0];
+  PyObject *spec = tp->tp_alloc(tp, 5);
+  for (Py_ssize_t i = 0; spec != NULL && i < 5; ++i)
+    PyTuple_SET_ITEM(spec, i, Py_NewRef(items[i]));
+  return spec;
+}
+
 PyMethodDef mt_ext_spec_methods[] = {
+    {"new_spec", (PyCFunction)(void (*)(void))new_spec, METH_FASTCALL | METH_KEYWORDS,
+     "new_spec(cls, mesh, placements, shape, dtype, stride) -> a new `cls` (a "
+     "NamedTuple of those fields, DTensorSpec) holding them: DTensorSpec's __new__, "
+     "since every operation's output is given a spec. Local.\n\n"
+     "Example: _C.new_spec(DTensorSpec, mesh, (Shard(0),), (4, 2), dtype, (2, 1))"},
     {"contiguous_strides", contiguous_strides, METH_O,
      "contiguous_strides(shape) -> torch's strides of a contiguous tensor of `shape` "
      "(a dim of size 0 counts as 1; mt_layout_contiguous_strides), as a tuple. "

@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import _C
 from ._bind import core
 from .device_mesh import DeviceMesh
 from .placement_types import Placement
@@ -19,6 +20,12 @@ class DTensorSpec(NamedTuple):
     shape: tuple[int, ...]
     dtype: np.dtype
     stride: tuple[int, ...]
+
+
+# Every operation's output is given a spec: NamedTuple's __new__, a Python function
+# reached through the type's slot, would cost more than the rest of a small
+# operation, so the extension makes the tuple (the same fields, the same errors).
+DTensorSpec.__new__ = staticmethod(_C.new_spec)
 
 
 # Row-major strides in elements, torch's meaning of ``stride()``: the core's rule
