@@ -128,12 +128,20 @@ def array_function(self, func, types, args, kwargs):
     Example: ``np.flip(dt, 1)`` reaches ``array_function(dt, np.flip, (DTensor,),
     (dt, 1), {})``.
     """
-    # The door's first C call, made here: a NumPy function is the call a program
-    # makes most, and each Python frame between NumPy and the entry costs it.
+    # The door's first C call, and its usual steps, made here: a NumPy function is
+    # the call a program makes most, and each Python frame between NumPy and the
+    # entry costs it.
     out = _C.door_enter(func, args, kwargs, sys._getframe(1), None, types)
-    if type(out) is int:
+    if type(out) is not int:
+        return door(func, args, kwargs, None, sys._getframe(1)) if out is None else out
+    entry = (None if out & _UNUSUAL or rules or _modes.recorders or func in _viewers
+             else functions.get(func))
+    if entry is None:
         return _agreed(func, args, kwargs, None, out, out >> _CALL_FLAGS)
-    return door(func, args, kwargs, None, sys._getframe(1)) if out is None else out
+    try:
+        return entry(*args, **kwargs)
+    except NoRule as e:
+        return gather_call(func, args, kwargs, None, cause=e)
 
 
 def _agreed(func, args: tuple, kwargs: dict, name, flags: int, call_flags: int):
@@ -366,6 +374,9 @@ _STRIDED, _GRAD, _MESHES, _PLAIN = (_call_agreement.CALL_STRIDED, _call_agreemen
 _PROGRAM, _RAISES, _DOOR_PLAIN = (_call_agreement.PROGRAM, _call_agreement.RAISES,
                                   _call_agreement.PLAIN)
 _CALL_FLAGS = _call_agreement.CALL_FLAGS
+# The agreement's flags of a call that needs more than its entry: an error state
+# to agree on, or any flag of _C.call_flags.
+_UNUSUAL = _RAISES | -1 << _CALL_FLAGS
 
 
 def _run(func, args: tuple, kwargs: dict, from_c: bool, flags: int = -1):

@@ -126,7 +126,7 @@ def along_axes(name, a, axes, compute, *, linear, out_dim=None, result=None):
     if out_dim is None and mesh._coordinate is not None and _lanes_here(spec, axes):
         # Every lane is whole on its rank already: NumPy on the block, no move,
         # where the block holds lanes (an empty one takes the stand-in below).
-        mine = a.to_local()
+        mine = a.to_local() if a._requires_grad else a._data()
         if mine.size or axes is None:
             local = compute(mine)
             if type(local) is not np.ndarray:
@@ -460,21 +460,30 @@ def flip(m, axis=None):
 
     Example: ``np.flip(dt, 1)`` of a ``[Shard(0)]`` DTensor stays ``[Shard(0)]``.
     """
-    program = _registry.program_call(np.flip)
-    axes = _axes("numpy.flip", m, axis)
+    if type(m) is not DTensor:
+        _check("numpy.flip", m)
     spec = m._spec
+    nd = len(spec.shape)
+    axes = (axis,) if type(axis) is int and 0 <= axis < nd else _args.axes(axis, nd)
     if _lanes_here(spec, axes) and spec.mesh._coordinate is not None:
         # Each block flipped where it is, an empty one too: NumPy's view of it on
         # every rank, so no rank needs to hear whether another's elements moved,
-        # and the views of it are filed under the same memory on every rank.
+        # and the views of it are filed under the same memory on every rank; a
+        # program's call and mpitensor's alike.
         if _modes.tracing:
             _trace.local("numpy.flip", [m], spec.placements)
-        if spec.stride != contiguous_strides(spec.shape):
-            spec = spec._replace(stride=contiguous_strides(spec.shape))
+        strides = contiguous_strides(spec.shape)
+        if spec.stride != strides:
+            spec = DTensorSpec(spec.mesh, spec.placements, spec.shape, spec.dtype, strides)
+        out = _flip_ndarray(m._data(), axes)
         # NumPy's flip of a 0-d array is a scalar: a DTensor holds an array.
-        return DTensor(np.asarray(np.flip(m._data(), axes)), spec)
+        return DTensor(out if type(out) is np.ndarray else np.asarray(out), spec)
+    program = _registry.program_call(np.flip)
     out = _flipped(m, axis)
     return _flip.as_view(m, out, axis, lambda p: _flipped(p, axis)) if program else out
+
+
+_flip_ndarray = _ndarray_only(np.flip)
 
 
 def _flipped(m, axis):
