@@ -646,6 +646,28 @@ def test_the_spec_can_be_replaced(mesh):
     assert np.array_equal(c.to_local(), np.full((8, 4), 2.0))
 
 
+def test_a_spec_is_a_named_tuple_made_by_c(mesh):
+    """DTensorSpec's constructor is the extension's: positional or keyword fields,
+    NamedTuple's methods and pickling, and a TypeError for a missing, an extra or
+    an unknown argument."""
+    from mpitensor._dtensor_spec import DTensorSpec
+    a = mt.distribute_tensor(np.ones((4 * W, 2)), mesh, [Shard(0)])
+    s = a._spec
+    again = DTensorSpec(s.mesh, s.placements, s.shape, s.dtype, s.stride)
+    assert type(again) is DTensorSpec and again == s and again._fields == s._fields
+    assert DTensorSpec(stride=s.stride, dtype=s.dtype, shape=s.shape, placements=s.placements,
+                       mesh=s.mesh) == s
+    assert s._replace(shape=(1, 2)).shape == (1, 2) and DTensorSpec._make(s) == s
+    assert pickle.loads(pickle.dumps(DTensorSpec(None, (), (3,), None, (1,)))) == (
+        None, (), (3,), None, (1,))
+    for args, kwargs, words in [((s.mesh,), {}, "missing"), (tuple(s) + (1,), {}, "positional"),
+                                (tuple(s), {"size": 1}, "unexpected"),
+                                (tuple(s), {"mesh": s.mesh}, "multiple")]:
+        with pytest.raises(TypeError, match=words):
+            DTensorSpec(*args, **kwargs)
+    assert (mt.DTensor(a.to_local(), again) + 1.0).placements == (Shard(0),)
+
+
 def test_the_base_keeps_the_dtensor_api(mesh):
     a = mt.distribute_tensor(np.ones((4, 4)), mesh, [Shard(0)])
     assert not hasattr(a, "__dict__")
