@@ -405,75 +405,175 @@ PyObject *mt_ext_execute(mt_ext_dispatch *d, const mt_ext_op *op, mt_ext_call *c
   return dec == NULL ? NULL : mt_ext_run(d, op, c, dec, hit, ops);
 }
 
-/* execute(key, operands, build, local, extra, kwnames, box, axis, keepdims): see the
- * method table. */
-static PyObject *execute(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
-  if (nargs != 9 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[4]) ||
-      (args[5] != Py_None && !PyTuple_Check(args[5])))
-    return PyErr_Format(PyExc_TypeError, "execute(key, operands: tuple, build, local, "
-                        "extra: tuple, kwnames: tuple|None, box, axis, keepdims)");
+/* An execute call's arguments, as execute() parses them: the operands and the
+ * local function's extra arguments as tuples, its keyword arguments' names for
+ * the last of them (NULL: none). */
+typedef struct exec_args {
+  PyObject *key, *ops, *build, *local, *extra, *kwnames, *axis;
+  int box, keepdims;
+} exec_args;
+
+static PyObject *run_execute(mt_ext_dispatch *d, const exec_args *x) {
   mt_ext_op op = {0};
-  op.sig = mt_ext_sig_of(d, args[0]);
-  op.key = args[0], op.build = args[2], op.func = args[3];
-  op.pass_box = PyObject_IsTrue(args[6]);
-  int keepdims = PyObject_IsTrue(args[8]);
-  if (op.pass_box < 0 || keepdims < 0) return NULL;
+  op.sig = mt_ext_sig_of(d, x->key);
+  op.key = x->key, op.build = x->build, op.func = x->local;
+  op.pass_box = x->box;
   if (op.func == Py_None && op.sig == NULL)
     return PyErr_Format(PyExc_TypeError, "execute: a local function is needed");
   if (op.func == Py_None) op.func = op.sig->method ? op.sig->method : op.sig->func;
-  Py_ssize_t n = PyTuple_GET_SIZE(args[1]);
+  Py_ssize_t n = PyTuple_GET_SIZE(x->ops);
   mt_ext_call c;
-  int rc = mt_ext_gather(d, &PyTuple_GET_ITEM(args[1], 0), (int)n, &c, args[0], 0);
+  int rc = mt_ext_gather(d, &PyTuple_GET_ITEM(x->ops, 0), (int)n, &c, x->key, 0);
   if (rc <= 0)
     return rc < 0      ? NULL
            : c.strided ? PyErr_Format(PyExc_TypeError, "%R: a strided-shard operand reached "
-                                      "the executor; its entry must take it first", args[0])
+                                      "the executor; its entry must take it first", x->key)
                        : PyErr_Format(PyExc_TypeError, "%R: expected DTensor operands "
-                                      "(and scalars)", args[0]);
-  c.key.op = op.sig != NULL ? op.sig->id : mt_ext_op_id(d, args[0]);
+                                      "(and scalars)", x->key);
+  c.key.op = op.sig != NULL ? op.sig->id : mt_ext_op_id(d, x->key);
   /* A reduction's local call is method(local, axis, *extra); its memo key holds
    * the reduced axes and keepdims. */
   PyObject *stack[16], *out = NULL;
-  Py_ssize_t nextra = PyTuple_GET_SIZE(args[4]);
+  Py_ssize_t nextra = PyTuple_GET_SIZE(x->extra);
   int reduction = op.sig != NULL && op.sig->op.family == MT_OP_REDUCTION;
   if (reduction) {
     int ndim = (int)PyTuple_GET_SIZE(PyTuple_GET_ITEM(c.dt[0]->spec, 2));
-    c.key.aux = mt_ext_reduction_aux(args[7], ndim, keepdims, &op.axes);
-    op.keepdims = keepdims;
+    c.key.aux = mt_ext_reduction_aux(x->axis, ndim, x->keepdims, &op.axes);
+    op.keepdims = x->keepdims;
     if (c.key.aux < 0) {
-      PyErr_Format(PyExc_ValueError, "invalid axis %R", args[7]);
+      PyErr_Format(PyExc_ValueError, "invalid axis %R", x->axis);
       goto done;
     }
-    op.aux = PyTuple_Pack(2, args[7], args[8]);
+    op.aux = PyTuple_Pack(2, x->axis, x->keepdims ? Py_True : Py_False);
     if (op.aux == NULL) goto done;
   }
   if (nextra + reduction > 16 || c.key.op < 0) {
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "execute: too many arguments");
     goto done;
   }
-  if (reduction) stack[0] = args[7];
-  for (Py_ssize_t i = 0; i < nextra; ++i) stack[reduction + i] = PyTuple_GET_ITEM(args[4], i);
+  if (reduction) stack[0] = x->axis;
+  for (Py_ssize_t i = 0; i < nextra; ++i) stack[reduction + i] = PyTuple_GET_ITEM(x->extra, i);
   op.extra = stack, op.nextra = nextra + reduction;
-  op.kwnames = args[5] != Py_None && PyTuple_GET_SIZE(args[5]) > 0 ? args[5] : NULL;
-  out = mt_ext_execute(d, &op, &c, &PyTuple_GET_ITEM(args[1], 0));
+  op.kwnames = x->kwnames;
+  out = mt_ext_execute(d, &op, &c, &PyTuple_GET_ITEM(x->ops, 0));
 done:
   Py_XDECREF(op.aux);
   mt_ext_call_release(&c);
   return out;
 }
 
+/* The local function's extra arguments of execute(): `extra`, then the values of
+ * `kwargs` (and keepdims=True with keepdims), whose names go to *kwnames (NULL:
+ * none). New references; -1 with an exception. */
+static int local_arguments(PyObject *extra, PyObject *kwargs, int keepdims, PyObject **out,
+                           PyObject **kwnames) {
+  *out = *kwnames = NULL;
+  if (kwargs != Py_None && !PyDict_Check(kwargs)) {
+    PyErr_SetString(PyExc_TypeError, "execute: kwargs must be a dict or None");
+    return -1;
+  }
+  Py_ssize_t nkw = kwargs == Py_None ? 0 : PyDict_GET_SIZE(kwargs);
+  PyObject *pos = PySequence_Tuple(extra);
+  if (pos == NULL) return -1;
+  if (nkw == 0 && !keepdims) {
+    *out = pos;
+    return 0;
+  }
+  PyObject *kw = nkw > 0 ? PyDict_Copy(kwargs) : PyDict_New();
+  if (kw == NULL || (keepdims && PyDict_SetItemString(kw, "keepdims", Py_True) < 0)) {
+    Py_XDECREF(kw);
+    Py_DECREF(pos);
+    return -1;
+  }
+  Py_ssize_t npos = PyTuple_GET_SIZE(pos);
+  *out = PyTuple_New(npos + PyDict_GET_SIZE(kw));
+  *kwnames = PyTuple_New(PyDict_GET_SIZE(kw));
+  if (*out != NULL && *kwnames != NULL) {
+    for (Py_ssize_t i = 0; i < npos; ++i)
+      PyTuple_SET_ITEM(*out, i, Py_NewRef(PyTuple_GET_ITEM(pos, i)));
+    PyObject *k, *v;
+    Py_ssize_t at = 0;
+    for (Py_ssize_t p = 0; PyDict_Next(kw, &p, &k, &v); ++at) {
+      PyTuple_SET_ITEM(*out, npos + at, Py_NewRef(v));
+      PyTuple_SET_ITEM(*kwnames, at, Py_NewRef(k));
+    }
+  }
+  Py_DECREF(kw);
+  Py_DECREF(pos);
+  if (*out == NULL || *kwnames == NULL) {
+    Py_CLEAR(*out);
+    Py_CLEAR(*kwnames);
+    return -1;
+  }
+  return 0;
+}
+
+/* execute(key, operands, build=None, local=None, *, extra=(), kwargs=None,
+ * box=False, axis=None, keepdims=False): see the method table. */
+static PyObject *execute(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                         PyObject *kwnames) {
+  static const char *const names[] = {"key", "operands", "build", "local", "extra",
+                                      "kwargs", "box", "axis", "keepdims"};
+  enum { KEY, OPERANDS, BUILD, LOCAL, EXTRA, KWARGS, BOX, AXIS, KEEPDIMS, NARGS };
+  PyObject *v[NARGS] = {NULL};
+  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+  if (nargs < 2 || nargs > LOCAL + 1)
+    return PyErr_Format(PyExc_TypeError, "execute(key, operands, build=None, local=None, *, "
+                        "extra=(), kwargs=None, box=False, axis=None, keepdims=False)");
+  for (Py_ssize_t i = 0; i < nargs; ++i) v[i] = args[i];
+  for (Py_ssize_t k = 0; k < nkw; ++k) {
+    PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+    int j = BUILD;
+    while (j < NARGS && PyUnicode_CompareWithASCIIString(name, names[j]) != 0) ++j;
+    if (j == NARGS || v[j] != NULL)
+      return PyErr_Format(PyExc_TypeError, "execute: unexpected or repeated argument '%U'",
+                          name);
+    v[j] = args[nargs + k];
+  }
+  int box = v[BOX] != NULL ? PyObject_IsTrue(v[BOX]) : 0;
+  int keepdims = v[KEEPDIMS] != NULL ? PyObject_IsTrue(v[KEEPDIMS]) : 0;
+  if (box < 0 || keepdims < 0) return NULL;
+  exec_args x = {v[KEY], NULL, v[BUILD] ? v[BUILD] : Py_None, v[LOCAL] ? v[LOCAL] : Py_None,
+                 NULL, NULL, v[AXIS] ? v[AXIS] : Py_None, box, keepdims};
+  PyObject *out = NULL;
+  x.ops = PyTuple_CheckExact(v[OPERANDS]) ? Py_NewRef(v[OPERANDS])
+                                          : PySequence_Tuple(v[OPERANDS]);
+  if (x.ops == NULL) return NULL;
+  if (v[EXTRA] == NULL && (v[KWARGS] == NULL || v[KWARGS] == Py_None) && !keepdims) {
+    x.extra = PyTuple_New(0); /* CPython's one empty tuple */
+  } else if (v[EXTRA] == NULL) {
+    PyObject *none = PyTuple_New(0);
+    if (none != NULL)
+      local_arguments(none, v[KWARGS] ? v[KWARGS] : Py_None, keepdims, &x.extra, &x.kwnames);
+    Py_XDECREF(none);
+  } else {
+    local_arguments(v[EXTRA], v[KWARGS] ? v[KWARGS] : Py_None, keepdims, &x.extra,
+                    &x.kwnames);
+  }
+  if (x.extra == NULL) {
+    Py_DECREF(x.ops);
+    return NULL;
+  }
+  out = run_execute(mt_ext_dispatch_module(module), &x);
+  Py_DECREF(x.ops);
+  Py_DECREF(x.extra);
+  Py_XDECREF(x.kwnames);
+  return out;
+}
+
 PyMethodDef mt_ext_exec_methods[] = {
-    {"execute", (PyCFunction)(void (*)(void))execute, METH_FASTCALL,
-     "execute(key, operands, build, local, extra, kwnames, box, axis, keepdims) -> "
-     "DTensor (or a tuple): runs an operation through the executor. `key` is a "
-     "registered ufunc or reduction (its dim map is the core's) or a hashable op key "
-     "whose dim map build() gives on a memo miss; `local(*locals, *extra[, box])` "
-     "computes on this rank's arrays, the last of `extra` passed by the names in "
-     "`kwnames` (None: the ufunc, or the reduction's ndarray method called with axis "
-     "first); `box` appends this rank's output shape. "
-     "Collective on the mesh when an input moves.\n\n"
-     "Example: _C.execute(('squeeze', (0,)), (a,), build, np.squeeze, (0,), None, "
-     "False, None, False)"},
+    {"execute", (PyCFunction)(void (*)(void))execute, METH_FASTCALL | METH_KEYWORDS,
+     "execute(key, operands, build=None, local=None, *, extra=(), kwargs=None, "
+     "box=False, axis=None, keepdims=False) -> DTensor (or a tuple of them): runs an "
+     "operation through the executor. `key` is a registered ufunc or reduction (its "
+     "dim map is the core's) or a hashable key naming the operation and its static "
+     "arguments, whose dim map build() gives on a memo miss; `operands` are DTensors "
+     "of one mesh and scalars (ndarrays under implicit replication). "
+     "local(*local_operands, *extra, **kwargs) computes on this rank's arrays (the "
+     "registered ufunc, or the reduction's ndarray method, called with `axis` first, "
+     "when None); `box` appends this rank's output shape; `keepdims` passes "
+     "keepdims=True and keys the reduction by it. Collective on the mesh when an "
+     "input moves.\n\n"
+     "Example: execute(('squeeze', (0,)), (a,), build, lambda x: np.squeeze(x, 0))"},
     {NULL, NULL, 0, NULL},
 };

@@ -668,6 +668,26 @@ def test_a_spec_is_a_named_tuple_made_by_c(mesh):
     assert (mt.DTensor(a.to_local(), again) + 1.0).placements == (Shard(0),)
 
 
+def test_execute_takes_its_arguments_by_position_or_name(mesh):
+    """D.execute is the extension's function: operands as any sequence, the local
+    function's extra and keyword arguments, keepdims passed on; an unknown or a
+    repeated argument is a TypeError."""
+    a = mt.distribute_tensor(np.arange(8.0 * W).reshape(4 * W, 2), mesh, [Shard(0)])
+    full = a.full_tensor()
+    got = D.execute(("test_scale",), [a], lambda: D.dimmap([[0, 1]], [0, 1], [D.KEEP] * 2),
+                    local=lambda x, k, *, offset: x * k + offset, extra=[3.0],
+                    kwargs={"offset": 1.0})
+    np.testing.assert_array_equal(got.full_tensor(), full * 3.0 + 1.0)
+    total = D.execute(np.sum, (a,), axis=1, keepdims=True)
+    np.testing.assert_array_equal(total.full_tensor(), full.sum(axis=1, keepdims=True))
+    with pytest.raises(TypeError, match="unexpected or repeated argument 'scale'"):
+        D.execute(("test_scale",), (a,), scale=2)
+    with pytest.raises(TypeError, match="repeated argument 'build'"):
+        D.execute(("test_scale",), (a,), None, build=None)
+    with pytest.raises(TypeError, match="kwargs must be a dict"):
+        D.execute(("test_scale",), (a,), kwargs=[1])
+
+
 def test_the_base_keeps_the_dtensor_api(mesh):
     a = mt.distribute_tensor(np.ones((4, 4)), mesh, [Shard(0)])
     assert not hasattr(a, "__dict__")

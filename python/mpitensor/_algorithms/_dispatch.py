@@ -133,33 +133,20 @@ def same_mesh(op_name: str, inputs):
     return mesh
 
 
-def execute(key, operands, build=None, local=None, *, extra=(), kwargs=None,
-            box=False, axis=None, keepdims=False):
-    """Runs an operation through the executor: ``key`` is a registered ufunc or
-    reduction (its dim map is the core's) or a hashable key naming the operation
-    and its static arguments, whose dim map ``build()`` gives on a memo miss;
-    ``operands`` are DTensors of one mesh and scalars (ndarrays under implicit
-    replication).
-    ``local(*local_operands, *extra, **kwargs)`` computes on this rank's arrays
-    (the registered ufunc or reduction method when None; a reduction gets ``axis``
-    first); with ``box`` it also gets this rank's output shape last. Returns a
-    DTensor, or a tuple of them for several results. Collective on the mesh when
-    an input moves.
-
-    Example: ``execute(("squeeze", (0,)), (a,), build, lambda x: np.squeeze(x, 0))``.
-    """
-    if not (keepdims or kwargs or extra) and type(operands) is tuple:
-        return _C.execute(key, operands, build, local, (), None, box, axis, False)
-    if keepdims:
-        kwargs = dict(kwargs or (), keepdims=True)
-    # The keyword arguments ride at the end of the positional ones, named as a
-    # vectorcall names them.
-    if kwargs:
-        extra, kwnames = (*extra, *kwargs.values()), tuple(kwargs)
-    else:
-        extra, kwnames = tuple(extra), None
-    return _C.execute(key, tuple(operands), build, local, extra, kwnames, box, axis,
-                      keepdims)
+# execute(key, operands, build=None, local=None, *, extra=(), kwargs=None,
+# box=False, axis=None, keepdims=False): runs an operation through the executor:
+# ``key`` is a registered ufunc or reduction (its dim map is the core's) or a
+# hashable key naming the operation and its static arguments, whose dim map
+# ``build()`` gives on a memo miss; ``operands`` are DTensors of one mesh and
+# scalars (ndarrays under implicit replication). ``local(*local_operands, *extra,
+# **kwargs)`` computes on this rank's arrays (the registered ufunc or reduction
+# method when None; a reduction gets ``axis`` first); with ``box`` it also gets
+# this rank's output shape last. Returns a DTensor, or a tuple of them for several
+# results. Collective on the mesh when an input moves. The extension's function
+# itself: every operation written in Python calls it, and a Python frame here
+# would cost a small operation more than its own work. Example:
+# ``execute(("squeeze", (0,)), (a,), build, lambda x: np.squeeze(x, 0))``.
+execute = _C.execute
 
 
 def decide(key, operands, build=None) -> tuple:
