@@ -123,30 +123,10 @@ def along_axes(name, a, axes, compute, *, linear, out_dim=None, result=None):
         _check(name, a)
     spec = a._spec
     mesh = spec.mesh
-    if out_dim is None and mesh._coordinate is not None and _lanes_here(spec, axes):
-        # Every lane is whole on its rank already: NumPy on the block, no move,
-        # where the block holds lanes (an empty one takes the stand-in below).
-        mine = a.to_local() if a._requires_grad else a._data()
-        if mine.size or axes is None:
-            local = compute(mine)
-            if type(local) is not np.ndarray:
-                local = np.asarray(local)
-            if _modes.tracing:
-                _trace.local(name, [a], spec.placements)
-            if (local.shape == mine.shape and local.dtype == spec.dtype
-                    and spec.stride == contiguous_strides(spec.shape)):
-                return DTensor(local, spec)  # a flip, a sort: the input's layout
-            shape = local.shape
-            for p in spec.placements:
-                if type(p) is Shard:  # of a dim outside the lanes: global there
-                    shape = list(shape)
-                    for q in spec.placements:
-                        if type(q) is Shard:
-                            shape[q.dim] = spec.shape[q.dim]
-                    shape = tuple(shape)
-                    break
-            return DTensor(local, DTensorSpec(mesh, spec.placements, shape, local.dtype,
-                                              contiguous_strides(shape)))
+    if out_dim is None and _lanes_here(spec, axes):
+        out = _on_blocks(name, a, axes, compute)
+        if out is not None:
+            return out
     target = lanes_layout(a, axes, linear, result)
     a = D.relayout(name, a, target)
     out_dim = out_dim or (lambda k: k)
@@ -177,6 +157,54 @@ def along_axes(name, a, axes, compute, *, linear, out_dim=None, result=None):
     shape = tuple(shape)
     return DTensor(local, DTensorSpec(mesh, placements, shape, local.dtype,
                                       contiguous_strides(shape)))
+
+
+def _on_blocks(name, a, axes, func, *args):
+    """``func(block, *args)`` on this rank's block, where every lane along ``axes``
+    (None: the flattened array) is whole on its rank (``_lanes_here``): NumPy on
+    the block, nothing moved, the placements kept, the global shape NumPy's along
+    the lanes. None where the block holds no lanes (not a member, or empty along
+    another axis): then along_axes' stand-in gives the shape. Local."""
+    spec = a._spec
+    if spec.mesh._coordinate is None:
+        return None
+    mine = a.to_local() if a._requires_grad else a._data()
+    if not mine.size and axes is not None:
+        return None
+    local = func(mine, *args)
+    if type(local) is not np.ndarray:
+        local = np.asarray(local)
+    if _modes.tracing:
+        _trace.local(name, [a], spec.placements)
+    if (local.shape == mine.shape and local.dtype == spec.dtype
+            and spec.stride == contiguous_strides(spec.shape)):
+        return DTensor(local, spec)  # a flip, a sort: the input's layout
+    shape = local.shape
+    for p in spec.placements:
+        if type(p) is Shard:  # of a dim outside the lanes: global there
+            shape = list(shape)
+            for q in spec.placements:
+                if type(q) is Shard:
+                    shape[q.dim] = spec.shape[q.dim]
+            shape = tuple(shape)
+            break
+    return DTensor(local, DTensorSpec(spec.mesh, spec.placements, shape, local.dtype,
+                                      contiguous_strides(shape)))
+
+
+def _whole_lanes(a, axis):
+    """``(axis,)`` normalised when ``a`` is a DTensor and ``axis`` an int in range
+    along which every lane is whole on its rank (``_lanes_here``), else None: the
+    common call of an entry along one axis, which then runs ``_on_blocks``
+    without its general checks. Local."""
+    if type(a) is not DTensor or type(axis) is not int:
+        return None
+    spec = a._spec
+    nd = len(spec.shape)
+    if not -nd <= axis < nd:
+        return None
+    axes = (axis + nd if axis < 0 else axis,)
+    return axes if _lanes_here(spec, axes) else None
 
 
 def _lanes_here(spec, axes) -> bool:
@@ -287,6 +315,11 @@ def _sorting(func):
     local = _ndarray_only(func)
 
     def impl(a, axis=-1, kind=None, order=None, **kwargs):
+        here = None if order is not None or kwargs else _whole_lanes(a, axis)
+        if here is not None:
+            out = _on_blocks(name, a, here, local, axis, kind)
+            if out is not None:
+                return out
         if order is not None:
             raise _registry.NoRule(f"{name}: order= (structured fields) is not supported on "
                                    f"DTensors")
@@ -1016,6 +1049,11 @@ def _cumulative(func, linear, op):
     local = _ndarray_only(func)
 
     def impl(a, axis=None, dtype=None, out=None):
+        here = None if out is not None else _whole_lanes(a, axis)
+        if here is not None:
+            got = _on_blocks(name, a, here, local, axis, dtype)
+            if got is not None:
+                return got
         if out is not None:
             _no_out(name, out)
         axes = _axis(name, a, axis)
