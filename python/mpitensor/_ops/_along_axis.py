@@ -433,10 +433,10 @@ def _diff_here(a, n, axis):
         kind = type(p)
         if kind is not Replicate and (kind is not Shard or p.dim == ax):
             return None
-    mine = a.to_local()
+    mine = a.to_local() if a._requires_grad else a._data()
     if not mine.size:
         return None
-    local = _diff_cut(mine, n, _diff_slices(nd, ax))
+    local = _diff_cut(mine, n, _DIFF_SLICES.get((nd, ax)) or _diff_slices(nd, ax))
     if _modes.tracing:
         _trace.local("numpy.diff", [a], spec.placements)
     shape = list(spec.shape)
