@@ -212,10 +212,16 @@ typedef struct mt_ext_sig {
   int nin, nout;  /* ufunc, or elementwise function (register_elementwise) */
   int ufunc;      /* a NumPy ufunc: its resolve_dtypes gives the result's dtype */
   int cast;       /* func(x, dtype, copy=True) casts x (register_cast) */
+  /* func(x, axis) works along the lanes of one axis (register_lanes), `method`
+   * its local function; lanes_axis the axis when the call gives none
+   * (MT_EXT_NO_AXIS: the call must give one). */
+  int lanes, lanes_axis;
   int int_axis;   /* reduction: axis is an int or None (argmax, argmin) */
   int user_rule;  /* a user's register_sharding rule: the Python door runs it */
   PyObject *grad_name, *grad_backward; /* NULL: no backward */
 } mt_ext_sig;
+
+enum { MT_EXT_NO_AXIS = -1000 };
 
 /* DTensorBase's operators, X(ufunc, number slot), as NDArrayOperatorsMixin lists
  * them (power, whose slot takes a modulus, apart); its comparisons in Py_LT ..

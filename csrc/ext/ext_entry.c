@@ -655,6 +655,83 @@ static PyObject *cast_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *
   return door_hook(d, sig->func, args, kwargs, 1);
 }
 
+/* The axis of func(x, axis) of a lanes function (register_lanes), normalised, when
+ * the executor may take the call: x a DTensor of this rank's mesh that the door
+ * would not take (mt_ext_door_operand), without Partials, the axis an int in
+ * range (positional or axis=, else the function's default) along which no mesh
+ * dim shards x; else -1 (no exception): the entry's call. */
+static int lanes_axis(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,
+                      PyObject *kwargs, PyObject **axis) {
+  Py_ssize_t nargs = PyTuple_GET_SIZE(args), nkw = PyDict_GET_SIZE(kwargs);
+  PyObject *x = nargs >= 1 ? PyTuple_GET_ITEM(args, 0) : NULL;
+  if (x == NULL || nargs + nkw > 2 || Py_TYPE(x) != d->dtensor || mt_ext_door_operand(d, x) ||
+      !mt_ext_spec_mesh(d, ((mt_ext_dtensor *)x)->spec)->member)
+    return -1;
+  *axis = nargs == 2 ? PyTuple_GET_ITEM(args, 1) : NULL;
+  if (nkw == 1) {
+    *axis = PyDict_GetItemWithError(kwargs, d->str[MT_S_AXIS]);
+    if (*axis == NULL) {
+      PyErr_Clear();
+      return -1;
+    }
+  }
+  PyObject *spec = ((mt_ext_dtensor *)x)->spec;
+  Py_ssize_t ndim = PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 2));
+  long ax = *axis != NULL && PyLong_CheckExact(*axis) ? PyLong_AsLong(*axis)
+            : *axis == NULL                           ? sig->lanes_axis
+                                                      : MT_EXT_NO_AXIS;
+  if (ax == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return -1;
+  }
+  if (ax == MT_EXT_NO_AXIS || ax < -ndim || ax >= ndim) return -1;
+  if (ax < 0) ax += ndim;
+  PyObject *placements = PyTuple_GET_ITEM(spec, 1);
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(placements); ++i) {
+    mt_placement code;
+    if (mt_ext_placement_code(d, PyTuple_GET_ITEM(placements, i), &code) < 0) {
+      PyErr_Clear();
+      return -1;
+    }
+    if (code.kind == MT_PLACEMENT_PARTIAL || (code.kind == MT_PLACEMENT_SHARD && code.dim == ax))
+      return -1;
+  }
+  return (int)ax;
+}
+
+/* func(x, axis) of a lanes function: agreed, then run by the executor on each
+ * block, where nothing moves, when lanes_axis says it may; else, agreed, by the
+ * Python door. */
+static PyObject *lanes_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,
+                            PyObject *kwargs, PyObject *caller) {
+  PyObject *axis_arg = NULL;
+  int ax = lanes_axis(d, sig, args, kwargs, &axis_arg);
+  if (ax < 0) Py_RETURN_NOTIMPLEMENTED;
+  if (agree_on(d, sig, args, kwargs, caller) < 0) return NULL;
+  PyObject *x = PyTuple_GET_ITEM(args, 0), *axis = PyLong_FromLong(ax), *out = NULL;
+  if (axis == NULL) return NULL;
+  PyObject *extra[1] = {axis};
+  mt_ext_call c;
+  int rc = gather_fast(d, &x, 1, &c, sig->func, 0), ran = 0;
+  if (rc > 0 && !c.strided && c.mb->member &&
+      !(mt_ext_grad_wanted(d->modes) && c.key.grad != 0)) {
+    int hit;
+    c.key.op = sig->id;
+    mt_ext_op op = {sig, sig->func, NULL, 0, 0, sig->method, extra, 1, NULL, 0, NULL};
+    const mt_decision *dec = mt_ext_decide_typed(d, &op, &c, &hit);
+    if (dec != NULL && dec->nplans == 0 && dec->partitioned == 0) {
+      out = mt_ext_run(d, &op, &c, dec, hit, &x);
+      ran = 1;
+    }
+  }
+  if (rc > 0) mt_ext_call_release(&c);
+  Py_DECREF(axis);
+  if (ran) return out;
+  PyErr_Clear(); /* the Python door raises what it must */
+  if (caller == Py_None) Py_RETURN_NOTIMPLEMENTED;
+  return door_hook(d, sig->func, args, kwargs, 1);
+}
+
 /* func(*args, **kwargs) run by the executor when it takes the call as it is, else
  * NotImplemented before any agreement (see executor_call's entry in the table). */
 static PyObject *executor_take(mt_ext_dispatch *d, PyObject *func, PyObject *args,
@@ -665,6 +742,7 @@ static PyObject *executor_take(mt_ext_dispatch *d, PyObject *func, PyObject *arg
   if (sig->op.family == MT_OP_REDUCTION) return reduction_call(d, sig, args, kwargs, caller);
   /* A ufunc's calls reach the executor through __array_ufunc__. */
   if (sig->ufunc) return Py_NewRef(Py_NotImplemented);
+  if (sig->lanes) return lanes_call(d, sig, args, kwargs, caller);
   return sig->cast ? cast_call(d, sig, args, kwargs, caller)
                    : elementwise_call(d, sig, args, kwargs, caller);
 }

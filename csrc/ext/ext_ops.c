@@ -107,6 +107,27 @@ static PyObject *register_cast(PyObject *module, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* register_lanes(func, local, default_axis, label) */
+static PyObject *register_lanes(PyObject *module, PyObject *args) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  PyObject *func, *local, *axis, *label;
+  if (!PyArg_ParseTuple(args, "OOOU:register_lanes", &func, &local, &axis, &label)) return NULL;
+  if (!PyCallable_Check(local) || (axis != Py_None && !PyLong_CheckExact(axis)))
+    return PyErr_Format(PyExc_TypeError, "register_lanes(func, local: callable, "
+                        "default_axis: int | None, label: str)");
+  long default_axis = axis == Py_None ? MT_EXT_NO_AXIS : PyLong_AsLong(axis);
+  if (default_axis == -1 && PyErr_Occurred()) return NULL;
+  if (axis != Py_None && (default_axis < -NPY_MAXDIMS || default_axis >= NPY_MAXDIMS))
+    return PyErr_Format(PyExc_ValueError, "register_lanes: no array has axis %ld",
+                        default_axis);
+  mt_ext_sig *sig = add_sig(d, func, label);
+  if (sig == NULL) return NULL;
+  sig->op.family = MT_OP_ELEMENTWISE, sig->op.kind = MT_ELEMENTWISE_NONE;
+  sig->nin = 1, sig->nout = 1, sig->lanes = 1, sig->lanes_axis = (int)default_axis;
+  Py_XSETREF(sig->method, Py_NewRef(local));
+  Py_RETURN_NONE;
+}
+
 /* register_reduction(func, method, reduce_op, partial_rule, partial_ops, even_only,
  * label): `method` names the DTensorBase reduction method it backs, or is None; the local
  * array is reduced by ndarray's method of that name (else `func`) until
@@ -272,6 +293,15 @@ PyMethodDef mt_ext_ops_methods[] = {
      "(numpy.ndarray.astype): executor_call takes its calls that move nothing. "
      "Local.\n\n"
      "Example: _C.register_cast(numpy.ndarray.astype, 'DTensor.astype')"},
+    {"register_lanes", register_lanes, METH_VARARGS,
+     "register_lanes(func, local, default_axis, label): func(x, axis) works along the "
+     "lanes of one axis (numpy.sort, numpy.cumsum, numpy.flip), local(block, axis) on "
+     "a block that holds whole lanes; default_axis the axis of a call that gives none "
+     "(None: such a call is the entry's). executor_call takes a call of a DTensor and "
+     "an int axis that no mesh dim shards, without Partials: each block's lanes are "
+     "whole where they lie, so nothing moves and the placements stay. Local.\n\n"
+     "Example: _C.register_lanes(numpy.cumsum, numpy.ndarray.cumsum, None, "
+     "'numpy.cumsum')"},
     {"register_reduction", register_reduction, METH_VARARGS,
      "register_reduction(func, method, reduce_op, partial_rule, partial_ops, even_only, "
      "label): a reduction's signature, the DTensor method it backs (reduce_op -1: the "

@@ -359,6 +359,67 @@ def test_where_and_clip_of_dtensors_and_scalars_run_in_c_else_in_their_entries(
     assert entered == ["clip"] and _trace.hook_stats()["entry"] == before
 
 
+def test_sort_cumsum_and_flip_along_an_unsharded_axis_run_in_c_else_in_their_entries(
+        mesh, monkeypatch):
+    """np.sort, np.cumsum and np.flip of a DTensor along an int axis that no mesh
+    dim shards, without Partials, are agreed and run in one C call on each block,
+    their Python entries never entered, NumPy's dtype kept (an int8 cumsum is an
+    int64) and np.flip's result a view that writes through; along a sharded
+    axis, the flattened array, with another keyword, of a Partial, or with a
+    gradient wanted, the entry runs, C agreeing on nothing first. Either way,
+    NumPy's answer (bit for bit from C)."""
+    from mpitensor import _registry
+    entered = []
+    for func in (np.sort, np.cumsum, np.flip):
+        entry = _registry.functions[func]
+        monkeypatch.setitem(_registry.functions, func, lambda *a, _e=entry, **k: (
+            entered.append(_e.__name__), _e(*a, **k))[1])
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((4 * W, 5))
+    i8 = rng.integers(-100, 100, (4 * W, 5)).astype(np.int8)
+    x = mt.distribute_tensor(a, mesh, [Shard(0)])
+    xi = mt.distribute_tensor(i8, mesh, [Shard(0)])
+    r = mt.distribute_tensor(a, mesh, [Replicate()])
+    p = make(a, mesh, [Partial("sum")])
+    in_c = [(lambda: np.sort(x, 1), np.sort(a, 1)),
+            (lambda: np.sort(x), np.sort(a)),
+            (lambda: np.sort(x, axis=-1), np.sort(a, axis=-1)),
+            (lambda: np.sort(r, 0), np.sort(a, 0)),
+            (lambda: np.cumsum(x, 1), np.cumsum(a, 1)),
+            (lambda: np.cumsum(xi, axis=1), np.cumsum(i8, axis=1)),
+            (lambda: np.flip(x, 1), np.flip(a, 1)),
+            (lambda: np.flip(x, -1), np.flip(a, -1))]
+    in_entry = [(lambda: np.sort(x, 0), np.sort(a, 0)),
+                (lambda: np.sort(x, 1, kind="stable"), np.sort(a, 1, kind="stable")),
+                (lambda: np.cumsum(x), np.cumsum(a)),
+                (lambda: np.cumsum(x, 1, np.float32), np.cumsum(a, 1, np.float32)),
+                (lambda: np.cumsum(p, 1), np.cumsum(a, 1)),
+                (lambda: np.flip(x), np.flip(a)),
+                (lambda: np.flip(x, (1,)), np.flip(a, (1,)))]
+    for calls, enters in ((in_c, False), (in_entry, True)):
+        for call, want in calls:
+            call()  # the decision made
+            before, entered[:] = _trace.hook_stats(), []
+            got = call()
+            assert bool(entered) == enters, want
+            assert _trace.hook_stats()["entry"] == before["entry"]
+            full = got.full_tensor()
+            assert full.dtype == want.dtype
+            if enters:  # a scan across ranks adds in another order
+                np.testing.assert_allclose(full, want, rtol=1e-12, atol=1e-12)
+            else:
+                assert bits_equal(full, want), want
+    assert np.sort(x, 1).placements == (Shard(0),) and np.sort(r, 0).placements == (Replicate(),)
+    y = np.flip(x, 1)
+    y += 1.0
+    np.testing.assert_array_equal(x.full_tensor(), a + 1.0)
+    g = mt.distribute_tensor(a, mesh, [Shard(0)], requires_grad=True)
+    entered[:] = []
+    np.sort(g, 1).sum().backward()
+    assert entered == ["sort"]
+    np.testing.assert_array_equal(g.grad.full_tensor(), np.ones_like(a))
+
+
 def test_astype_that_moves_nothing_runs_in_c_else_in_its_entry(mesh, monkeypatch):
     """x.astype(dtype) of a bool or number dtype is agreed and run in one C call
     when nothing moves, each dtype decided apart; a Partial (which an exact cast

@@ -30,7 +30,7 @@ import numpy as np
 from numpy.lib import _function_base_impl as _npq
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from .. import _args, _comm, _dtypes, _factories, _modes, _registry, _trace
+from .. import _C, _args, _comm, _dtypes, _factories, _modes, _registry, _trace
 from .._clib import CORE
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
@@ -1110,6 +1110,16 @@ def _rows_only(a) -> bool:
 
 
 _registry.implements(np.cumsum)(_cumulative(np.cumsum, True, CORE.REDUCE_SUM))
+
+# A call along one int axis that no mesh dim shards, without Partials, is the
+# executor's, taken in C before any Python entry runs: every block holds whole
+# lanes, so NumPy's function runs on it, nothing moves and the placements stay
+# (the entries above give the same on every other call). np.sort's axis defaults
+# to the last, the others' to the flattened array, which is the entry's.
+for _f, _local, _axis_default in ((np.sort, _sort_ndarray, -1),
+                                  (np.cumsum, np.ndarray.cumsum, None),
+                                  (np.flip, _flip_ndarray, None)):
+    _C.register_lanes(_f, _local, _axis_default, _registry.call_label(_f))
 _registry.implements(np.cumprod)(_cumulative(np.cumprod, False, CORE.REDUCE_PRODUCT))
 
 
