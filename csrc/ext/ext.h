@@ -216,6 +216,9 @@ typedef struct mt_ext_sig {
    * its local function; lanes_axis the axis when the call gives none
    * (MT_EXT_NO_AXIS: the call must give one). */
   int lanes, lanes_axis;
+  /* func(arrays, axis) joins DTensors along an existing axis (register_join),
+   * `method` its local function: method(*blocks, axis). */
+  int join;
   int int_axis;   /* reduction: axis is an int or None (argmax, argmin) */
   int user_rule;  /* a user's register_sharding rule: the Python door runs it */
   PyObject *grad_name, *grad_backward; /* NULL: no backward */
@@ -545,6 +548,46 @@ typedef struct mt_ext_op {
   int pass_box;      /* and this rank's output box (a shape tuple) last */
   PyObject *aux;     /* what the autograd node keeps besides the operands */
 } mt_ext_op;
+
+/* -- the executor's doors (ext_entry.c) and function families (ext_families.c) -- */
+
+/* The common operand: exactly a DTensor with an ndarray and a layout id, on the
+ * call's mesh. Adds it as operand i: 1, or 0 for mt_ext_gather to judge. */
+static inline int mt_ext_known_tensor(const mt_ext_dispatch *d, PyObject *o, int i,
+                               mt_ext_call *c) {
+  mt_ext_dtensor *b = (mt_ext_dtensor *)o;
+  if (Py_TYPE(o) != d->dtensor || b->layout_id == 0 || !PyArray_CheckExact(b->local))
+    return 0;
+  mt_ext_mesh_base *mb = (mt_ext_mesh_base *)PyTuple_GET_ITEM(b->spec, 0);
+  if (mb != c->mb && c->mb != NULL) return 0;
+  c->mb = mb;
+  mt_ext_call_add(d, c, i, b, b->layout_id);
+  return 1;
+}
+
+/* mt_ext_gather of operands that are all known DTensors, inline: the call of a
+ * cached operation. */
+static inline int mt_ext_gather_fast(mt_ext_dispatch *d, PyObject *const *ops, int n,
+                              mt_ext_call *c, PyObject *key, int defer_mixed) {
+  mt_ext_call_init(c, n);
+  for (int i = 0; i < n; ++i)
+    if (!mt_ext_known_tensor(d, ops[i], i, c)) return mt_ext_gather(d, ops, n, c, key, defer_mixed);
+  return mt_ext_wanting(d) ? mt_ext_call_want(d, c) : 1;
+}
+
+/* The agreement of func(*args, **kwargs) for a C door that runs it (its frame
+ * `caller`; None: mpitensor's own call, not agreed). 0, or -1 with the agreed
+ * exception. */
+int mt_ext_agree_on(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,
+                    PyObject *kwargs, PyObject *caller);
+/* Whether `o` is large enough that np.isnan's or np.where's blocks of it may wait
+ * for the reduction that reads them, the same on every rank. */
+int mt_ext_may_defer(const mt_ext_dispatch *d, PyObject *o);
+/* func(*args, **kwargs) of a function family (elementwise, cast, lanes, join) run
+ * by the executor, agreed on the frame `caller`; NotImplemented before any
+ * agreement where the family does not take the call. */
+PyObject *mt_ext_family_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,
+                             PyObject *kwargs, PyObject *caller);
 
 /* The op's dtype= keyword as a NumPy dtype, or NULL (none, or one NumPy refuses,
  * which then raises in the call itself). New reference. */

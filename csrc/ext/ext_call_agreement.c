@@ -474,6 +474,13 @@ long mt_ext_agree_call(mt_ext_dispatch *d, PyObject *name, PyObject *args, PyObj
          (raises ? MT_EXT_AGREED_RAISES : 0) | (long)flags << MT_EXT_AGREED_CALL_FLAGS;
 }
 
+int mt_ext_agree_on(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,
+                    PyObject *kwargs, PyObject *caller) {
+  if (caller == Py_None) return 0;
+  int program = mt_ext_by_program(d, caller);
+  return program < 0 || mt_ext_agree_call(d, sig->label, args, kwargs, program, 0) < 0 ? -1 : 0;
+}
+
 /* agree_call(name, args, kwargs, caller): see the method table. */
 static PyObject *agree_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 4 || !PyUnicode_Check(args[0]) || !PyTuple_Check(args[1]) ||

@@ -102,6 +102,24 @@ static PyObject *exclusive(PyObject *module, PyObject *o) {
   return views < 0 ? NULL : PyBool_FromLong(!views);
 }
 
+/* Whether `o` is large enough that its blocks may wait for the reduction that
+ * reads them (mpitensor._ops._deferring, whose Python entry decides on each rank).
+ * By the global size, so that every rank takes the same door and agrees alike. */
+int mt_ext_may_defer(const mt_ext_dispatch *d, PyObject *o) {
+  if (!mt_ext_is_dtensor(d, o) || mt_ext_events(d->modes)) return 0;
+  PyObject *spec = ((mt_ext_dtensor *)o)->spec;
+  if (spec == NULL || !PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 5) return 0;
+  PyObject *shape = PyTuple_GET_ITEM(spec, 2);
+  if (!PyTuple_Check(shape)) return 0;
+  long long size = 1;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape) && size < MT_EXT_DEFER_MIN_SIZE; ++i) {
+    long long n = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
+    if (n < 0) return PyErr_Clear(), 0;
+    size *= n;
+  }
+  return size >= MT_EXT_DEFER_MIN_SIZE;
+}
+
 PyMethodDef mt_ext_deferred_methods[] = {
     {"defer", defer, METH_O,
      "defer(deferred): makes `deferred` (whose operands it froze) the one that waits, "

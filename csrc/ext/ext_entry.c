@@ -4,36 +4,14 @@
  * can normalise (other outputs, other keywords, a user's register_sharding rule,
  * an operand it cannot read) it hands, whole, to the Python door of every call
  * written in Python (mpitensor._registry.door, the hook "door"), which agrees on
- * it, unless the C door did, and runs its entry. Beside them, what the Python
- * door asks of C about a call's arguments: whether one is strided or needs a
- * gradient, and a strided operand's expansion. */
+ * it, unless the C door did, and runs its entry. Beside them, the Python door's
+ * first C call (door_enter: the executor's attempt, through the reductions here
+ * and the function families of ext_families.c, then the agreement), and what
+ * the door asks of C about a call's arguments: whether one is strided or needs
+ * a gradient, and a strided operand's expansion. */
 #include "ext.h"
 
 #include <string.h>
-
-/* The common operand: exactly a DTensor with an ndarray and a layout id, on the
- * call's mesh. Adds it as operand i: 1, or 0 for mt_ext_gather to judge. */
-static inline int known_tensor(const mt_ext_dispatch *d, PyObject *o, int i,
-                               mt_ext_call *c) {
-  mt_ext_dtensor *b = (mt_ext_dtensor *)o;
-  if (Py_TYPE(o) != d->dtensor || b->layout_id == 0 || !PyArray_CheckExact(b->local))
-    return 0;
-  mt_ext_mesh_base *mb = (mt_ext_mesh_base *)PyTuple_GET_ITEM(b->spec, 0);
-  if (mb != c->mb && c->mb != NULL) return 0;
-  c->mb = mb;
-  mt_ext_call_add(d, c, i, b, b->layout_id);
-  return 1;
-}
-
-/* mt_ext_gather of operands that are all known DTensors, inline: the call of a
- * cached operation. */
-static inline int gather_fast(mt_ext_dispatch *d, PyObject *const *ops, int n,
-                              mt_ext_call *c, PyObject *key, int defer_mixed) {
-  mt_ext_call_init(c, n);
-  for (int i = 0; i < n; ++i)
-    if (!known_tensor(d, ops[i], i, c)) return mt_ext_gather(d, ops, n, c, key, defer_mixed);
-  return mt_ext_wanting(d) ? mt_ext_call_want(d, c) : 1;
-}
 
 /* Whether a ufunc call's keywords are those it takes straight to NumPy (1), or
  * those and out= (2): the others (where=, ...) and out= are its Python entry's to
@@ -72,19 +50,6 @@ static int call_args(PyObject *const *prefix, Py_ssize_t npre, PyObject *const *
     Py_CLEAR(*kw);
   }
   return rc;
-}
-
-PyObject *mt_ext_door_hook(mt_ext_dispatch *d, PyObject *func, PyObject *pos, PyObject *kw,
-                           PyObject *agreed) {
-  PyObject *fn = PyDict_GetItemWithError(d->hooks, d->str[MT_S_DOOR]);
-  if (fn == NULL)
-    return PyErr_Occurred() ? NULL
-                            : PyErr_Format(PyExc_RuntimeError, "no door hook: import mpitensor");
-  PyObject *stack[4] = {func, pos, kw, agreed};
-  Py_INCREF(fn); /* the hook may be replaced while it runs */
-  PyObject *res = mt_ext_hook(d, MT_HOOK_ENTRY, fn, stack, 4, NULL);
-  Py_DECREF(fn);
-  return res;
 }
 
 /* mt_ext_door_hook, `agreed` a truth value. */
@@ -187,7 +152,7 @@ static int into_layout(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *ufun
     return 0;
   }
   mt_ext_call c;
-  int rc = gather_fast(d, ops, (int)n, &c, ufunc, 1), done = 0;
+  int rc = mt_ext_gather_fast(d, ops, (int)n, &c, ufunc, 1), done = 0;
   int64_t id;
   if (rc < 0) PyErr_Clear(); /* the Python door raises what it must */
   if (rc <= 0 || c.mixed || c.nmade != 0 || !c.mb->member ||
@@ -284,24 +249,6 @@ static int into_bool(const mt_ext_dispatch *d, PyObject *const *ops, Py_ssize_t 
   return 0;
 }
 
-/* Whether `o` is large enough that its blocks may wait for the reduction that
- * reads them (mpitensor._ops._deferring, whose Python entry decides on each rank).
- * By the global size, so that every rank takes the same door and agrees alike. */
-static int may_defer(const mt_ext_dispatch *d, PyObject *o) {
-  if (!mt_ext_is_dtensor(d, o) || mt_ext_events(d->modes)) return 0;
-  PyObject *spec = ((mt_ext_dtensor *)o)->spec;
-  if (spec == NULL || !PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 5) return 0;
-  PyObject *shape = PyTuple_GET_ITEM(spec, 2);
-  if (!PyTuple_Check(shape)) return 0;
-  long long size = 1;
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape) && size < MT_EXT_DEFER_MIN_SIZE; ++i) {
-    long long n = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
-    if (n < 0) return PyErr_Clear(), 0;
-    size *= n;
-  }
-  return size >= MT_EXT_DEFER_MIN_SIZE;
-}
-
 /* A ufunc call; `agreed`: it needs no agreement (an operator's). */
 static PyObject *ufunc_call(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
                             Py_ssize_t n, PyObject *kwnames, int agreed) {
@@ -314,7 +261,7 @@ static PyObject *ufunc_call(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const
   c.mixed = 0;
   if (sig == NULL || sig->op.family == MT_OP_REDUCTION || sig->nin != n ||
       n > MT_MEMO_MAX_OPERANDS || kw == 0 || sig->user_rule ||
-      (ufunc == d->isnan && kw == 1 && may_defer(d, ops[0])))
+      (ufunc == d->isnan && kw == 1 && mt_ext_may_defer(d, ops[0])))
     return ufunc_entry(d, ufunc, d->str[MT_S_CALL], ops, n, kwnames, agreed);
   if (kw == 2) { /* out=: only operands strided alike run here, on views */
     for (Py_ssize_t i = 0; i < n; ++i) strided |= mt_ext_strided(d, ops[i]);
@@ -323,7 +270,7 @@ static PyObject *ufunc_call(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const
   }
   /* A plain ndarray beside DTensors goes to the Python entry, which agrees that
    * every rank holds the same one before it takes it as replicated. */
-  else if ((rc = gather_fast(d, ops, (int)n, &c, ufunc, 1)) == 0)
+  else if ((rc = mt_ext_gather_fast(d, ops, (int)n, &c, ufunc, 1)) == 0)
     strided = c.strided;
   /* Only an elementwise call reads its operands' expansions as they are. */
   if (strided && sig->op.family == MT_OP_ELEMENTWISE)
@@ -433,7 +380,7 @@ static PyObject *reduce(mt_ext_dispatch *d, int method, PyObject *self,
   if (sig->user_rule || reduction_args(d, sig, args, nargs, kwnames, &axis, &keepdims) < 0 ||
       (d->deferred != NULL && ((mt_ext_dtensor *)self)->local == d->deferred))
     return reduction_entry(d, sig, self, args, nargs, kwnames);
-  int rc = gather_fast(d, &self, 1, &c, sig->func, 0);
+  int rc = mt_ext_gather_fast(d, &self, 1, &c, sig->func, 0);
   if (rc == 0 && c.strided && axis == Py_None && keepdims == Py_False)
     return strided_whole(d, method, sig, self, args, nargs, kwnames);
   if (rc <= 0) return rc < 0 ? NULL : reduction_entry(d, sig, self, args, nargs, kwnames);
@@ -497,15 +444,6 @@ static int method_of(const mt_ext_dispatch *d, const mt_ext_sig *sig) {
   return -1;
 }
 
-/* The agreement of func(*args, **kwargs) for a C door that runs it (its frame
- * `caller`; None: mpitensor's own call, not agreed). 0, or -1 with the agreed
- * exception. */
-static int agree_on(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,
-                    PyObject *kwargs, PyObject *caller) {
-  if (caller == Py_None) return 0;
-  int program = mt_ext_by_program(d, caller);
-  return program < 0 || mt_ext_agree_call(d, sig->label, args, kwargs, program, 0) < 0 ? -1 : 0;
-}
 
 /* np.sum(x, axis=1) and its kin as the DTensor method runs them, when the call is
  * one the method takes: the DTensor itself, then axis and keepdims. np.all and
@@ -522,7 +460,7 @@ static PyObject *reduction_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObj
     if (!PyUnicode_Check(key) || (PyUnicode_Compare(key, d->str[MT_S_AXIS]) != 0 &&
                                   PyUnicode_Compare(key, d->str[MT_S_KEEPDIMS]) != 0))
       Py_RETURN_NOTIMPLEMENTED;
-  if (agree_on(d, sig, args, kwargs, caller) < 0) return NULL;
+  if (mt_ext_agree_on(d, sig, args, kwargs, caller) < 0) return NULL;
   PyObject *stack[3], *kwnames = nkw > 0 ? PyTuple_New(nkw) : NULL;
   if (nkw > 0 && kwnames == NULL) return NULL;
   if (nargs == 2) stack[k++] = PyTuple_GET_ITEM(args, 1);
@@ -535,202 +473,6 @@ static PyObject *reduction_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObj
   return out;
 }
 
-int mt_ext_door_operand(const mt_ext_dispatch *d, PyObject *o) {
-  return !PyArray_CheckExact(((mt_ext_dtensor *)o)->local) || mt_ext_strided(d, o) ||
-         (mt_ext_needs_grad(d, o) && mt_ext_grad_wanted(d->modes));
-}
-
-/* Whether func(*args, **kwargs) of a registered elementwise function is a call
- * the executor may take as it is: its operands first, none None, then only None
- * positionally (clip's out), no keyword; no DTensor operand the door takes, no
- * plain ndarray of more than one element (the door agrees on it, then replicates
- * it), and no DTensor condition of np.where large enough that its entry may defer
- * the call. */
-static int elementwise_takes(const mt_ext_dispatch *d, const mt_ext_sig *sig,
-                             PyObject *args, PyObject *kwargs) {
-  Py_ssize_t nargs = PyTuple_GET_SIZE(args);
-  if (nargs < sig->nin || PyDict_GET_SIZE(kwargs) != 0) return 0;
-  for (Py_ssize_t i = 0; i < nargs; ++i) {
-    PyObject *o = PyTuple_GET_ITEM(args, i);
-    if ((o == Py_None) != (i >= sig->nin)) return 0;
-    int plain = PyArray_Check(o) && PyArray_NDIM((PyArrayObject *)o) > 0 &&
-                PyArray_SIZE((PyArrayObject *)o) != 1;
-    if (Py_TYPE(o) == d->dtensor ? mt_ext_door_operand(d, o) : plain) return 0;
-  }
-  return sig->func != d->where || !may_defer(d, PyTuple_GET_ITEM(args, 0));
-}
-
-/* func(*args) of a registered elementwise function (np.where, np.clip): agreed,
- * then run by the executor when its operands are DTensors of one mesh and
- * scalars, none strided and no gradient wanted; else, agreed, by the Python door. */
-static PyObject *elementwise_call(mt_ext_dispatch *d, const mt_ext_sig *sig,
-                                  PyObject *args, PyObject *kwargs, PyObject *caller) {
-  if (!elementwise_takes(d, sig, args, kwargs)) Py_RETURN_NOTIMPLEMENTED;
-  if (agree_on(d, sig, args, kwargs, caller) < 0) return NULL;
-  PyObject *const *ops = &PyTuple_GET_ITEM(args, 0);
-  mt_ext_call c;
-  int rc = gather_fast(d, ops, sig->nin, &c, sig->func, 1);
-  if (rc < 0) PyErr_Clear(); /* the Python door raises what it must */
-  if (rc <= 0 || c.mixed || c.strided ||
-      (mt_ext_grad_wanted(d->modes) && c.key.grad != 0)) {
-    if (rc > 0) mt_ext_call_release(&c);
-    if (caller == Py_None) Py_RETURN_NOTIMPLEMENTED;
-    return door_hook(d, sig->func, args, kwargs, 1);
-  }
-  c.key.op = sig->id;
-  mt_ext_op op = {sig, sig->func, NULL, 0, 0, sig->func, NULL, 0, NULL, 0, NULL};
-  PyObject *out = mt_ext_execute(d, &op, &c, ops);
-  mt_ext_call_release(&c);
-  return out;
-}
-
-/* The dtype of x.astype(dtype, copy=True) (func(x, dtype, {"copy": True}) as
- * DTensor.astype calls it, or without copy) when the executor may take the call:
- * x a DTensor of this rank's mesh, without Partials, that the door would not
- * take (mt_ext_door_operand); the dtype a bool or number in the machine's byte order
- * (whose type number alone tells casts apart in the memo's key). New reference, or NULL (no exception): the entry's call. */
-static PyArray_Descr *cast_dtype(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs) {
-  Py_ssize_t pos = 0;
-  PyObject *key, *v, *x = PyTuple_GET_SIZE(args) == 2 ? PyTuple_GET_ITEM(args, 0) : NULL;
-  if (x == NULL || Py_TYPE(x) != d->dtensor || mt_ext_door_operand(d, x) ||
-      PyDict_GET_SIZE(kwargs) > 1 || !mt_ext_spec_mesh(d, ((mt_ext_dtensor *)x)->spec)->member)
-    return NULL;
-  /* A Partial is the entry's: it keeps one that the cast keeps exactly, where the
-   * executor would reduce it (on a mesh of one rank, without a move). */
-  PyObject *placements = PyTuple_GET_ITEM(((mt_ext_dtensor *)x)->spec, 1);
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(placements); ++i) {
-    mt_placement code;
-    if (mt_ext_placement_code(d, PyTuple_GET_ITEM(placements, i), &code) < 0) {
-      PyErr_Clear();
-      return NULL;
-    }
-    if (code.kind == MT_PLACEMENT_PARTIAL) return NULL;
-  }
-  while (PyDict_Next(kwargs, &pos, &key, &v))
-    if (v != Py_True || !PyUnicode_Check(key) ||
-        PyUnicode_Compare(key, d->str[MT_S_COPY]) != 0)
-      return NULL;
-  PyArray_Descr *descr = NULL;
-  if (!PyArray_DescrConverter2(PyTuple_GET_ITEM(args, 1), &descr) || descr == NULL) {
-    PyErr_Clear(); /* the entry raises NumPy's error */
-    return NULL;
-  }
-  if ((PyTypeNum_ISBOOL(descr->type_num) || PyTypeNum_ISNUMBER(descr->type_num)) &&
-      PyArray_ISNBO(descr->byteorder))
-    return descr;
-  Py_DECREF(descr);
-  return NULL;
-}
-
-/* x.astype(dtype) (a function of register_cast) of an x without Partials:
- * agreed, then run by the executor when nothing moves, x is not strided and no
- * gradient is wanted; else, agreed, by the Python door. */
-static PyObject *cast_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,
-                           PyObject *kwargs, PyObject *caller) {
-  PyArray_Descr *descr = cast_dtype(d, args, kwargs);
-  if (descr == NULL) Py_RETURN_NOTIMPLEMENTED;
-  if (agree_on(d, sig, args, kwargs, caller) < 0) {
-    Py_DECREF(descr);
-    return NULL;
-  }
-  PyObject *x = PyTuple_GET_ITEM(args, 0), *extra[1] = {(PyObject *)descr}, *out = NULL;
-  mt_ext_call c;
-  int rc = gather_fast(d, &x, 1, &c, sig->func, 0), ran = 0;
-  if (rc > 0 && !c.strided && c.mb->member &&
-      !(mt_ext_grad_wanted(d->modes) && c.key.grad != 0)) {
-    int hit;
-    c.key.op = sig->id;
-    mt_ext_op op = {sig, sig->func, NULL, 0, 0, sig->func, extra, 1, d->kw_dtype, 0, NULL};
-    const mt_decision *dec = mt_ext_decide_typed(d, &op, &c, &hit);
-    if (dec != NULL && dec->nplans == 0 && dec->partitioned == 0) {
-      out = mt_ext_run(d, &op, &c, dec, hit, &x);
-      ran = 1;
-    }
-  }
-  if (rc > 0) mt_ext_call_release(&c);
-  Py_DECREF(descr);
-  if (ran) return out;
-  PyErr_Clear(); /* the Python door raises what it must */
-  if (caller == Py_None) Py_RETURN_NOTIMPLEMENTED;
-  return door_hook(d, sig->func, args, kwargs, 1);
-}
-
-/* The axis of func(x, axis) of a lanes function (register_lanes), normalised, when
- * the executor may take the call: x a DTensor of this rank's mesh that the door
- * would not take (mt_ext_door_operand), without Partials, the axis an int in
- * range (positional or axis=, else the function's default) along which no mesh
- * dim shards x; else -1 (no exception): the entry's call. */
-static int lanes_axis(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,
-                      PyObject *kwargs, PyObject **axis) {
-  Py_ssize_t nargs = PyTuple_GET_SIZE(args), nkw = PyDict_GET_SIZE(kwargs);
-  PyObject *x = nargs >= 1 ? PyTuple_GET_ITEM(args, 0) : NULL;
-  if (x == NULL || nargs + nkw > 2 || Py_TYPE(x) != d->dtensor || mt_ext_door_operand(d, x) ||
-      !mt_ext_spec_mesh(d, ((mt_ext_dtensor *)x)->spec)->member)
-    return -1;
-  *axis = nargs == 2 ? PyTuple_GET_ITEM(args, 1) : NULL;
-  if (nkw == 1) {
-    *axis = PyDict_GetItemWithError(kwargs, d->str[MT_S_AXIS]);
-    if (*axis == NULL) {
-      PyErr_Clear();
-      return -1;
-    }
-  }
-  PyObject *spec = ((mt_ext_dtensor *)x)->spec;
-  Py_ssize_t ndim = PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 2));
-  long ax = *axis != NULL && PyLong_CheckExact(*axis) ? PyLong_AsLong(*axis)
-            : *axis == NULL                           ? sig->lanes_axis
-                                                      : MT_EXT_NO_AXIS;
-  if (ax == -1 && PyErr_Occurred()) {
-    PyErr_Clear();
-    return -1;
-  }
-  if (ax == MT_EXT_NO_AXIS || ax < -ndim || ax >= ndim) return -1;
-  if (ax < 0) ax += ndim;
-  PyObject *placements = PyTuple_GET_ITEM(spec, 1);
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(placements); ++i) {
-    mt_placement code;
-    if (mt_ext_placement_code(d, PyTuple_GET_ITEM(placements, i), &code) < 0) {
-      PyErr_Clear();
-      return -1;
-    }
-    if (code.kind == MT_PLACEMENT_PARTIAL || (code.kind == MT_PLACEMENT_SHARD && code.dim == ax))
-      return -1;
-  }
-  return (int)ax;
-}
-
-/* func(x, axis) of a lanes function: agreed, then run by the executor on each
- * block, where nothing moves, when lanes_axis says it may; else, agreed, by the
- * Python door. */
-static PyObject *lanes_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,
-                            PyObject *kwargs, PyObject *caller) {
-  PyObject *axis_arg = NULL;
-  int ax = lanes_axis(d, sig, args, kwargs, &axis_arg);
-  if (ax < 0) Py_RETURN_NOTIMPLEMENTED;
-  if (agree_on(d, sig, args, kwargs, caller) < 0) return NULL;
-  PyObject *x = PyTuple_GET_ITEM(args, 0), *axis = PyLong_FromLong(ax), *out = NULL;
-  if (axis == NULL) return NULL;
-  PyObject *extra[1] = {axis};
-  mt_ext_call c;
-  int rc = gather_fast(d, &x, 1, &c, sig->func, 0), ran = 0;
-  if (rc > 0 && !c.strided && c.mb->member &&
-      !(mt_ext_grad_wanted(d->modes) && c.key.grad != 0)) {
-    int hit;
-    c.key.op = sig->id;
-    mt_ext_op op = {sig, sig->func, NULL, 0, 0, sig->method, extra, 1, NULL, 0, NULL};
-    const mt_decision *dec = mt_ext_decide_typed(d, &op, &c, &hit);
-    if (dec != NULL && dec->nplans == 0 && dec->partitioned == 0) {
-      out = mt_ext_run(d, &op, &c, dec, hit, &x);
-      ran = 1;
-    }
-  }
-  if (rc > 0) mt_ext_call_release(&c);
-  Py_DECREF(axis);
-  if (ran) return out;
-  PyErr_Clear(); /* the Python door raises what it must */
-  if (caller == Py_None) Py_RETURN_NOTIMPLEMENTED;
-  return door_hook(d, sig->func, args, kwargs, 1);
-}
 
 /* func(*args, **kwargs) run by the executor when it takes the call as it is, else
  * NotImplemented before any agreement (see executor_call's entry in the table). */
@@ -742,9 +484,7 @@ static PyObject *executor_take(mt_ext_dispatch *d, PyObject *func, PyObject *arg
   if (sig->op.family == MT_OP_REDUCTION) return reduction_call(d, sig, args, kwargs, caller);
   /* A ufunc's calls reach the executor through __array_ufunc__. */
   if (sig->ufunc) return Py_NewRef(Py_NotImplemented);
-  if (sig->lanes) return lanes_call(d, sig, args, kwargs, caller);
-  return sig->cast ? cast_call(d, sig, args, kwargs, caller)
-                   : elementwise_call(d, sig, args, kwargs, caller);
+  return mt_ext_family_call(d, sig, args, kwargs, caller);
 }
 
 /* executor_call(func, args, kwargs, caller): see the method table. */

@@ -436,6 +436,18 @@ static PyObject *run_execute(mt_ext_dispatch *d, const exec_args *x) {
   PyObject *stack[16], *out = NULL;
   Py_ssize_t nextra = PyTuple_GET_SIZE(x->extra);
   int reduction = op.sig != NULL && op.sig->op.family == MT_OP_REDUCTION;
+  /* A join's local call is local(*blocks, axis); its memo key holds the axis. */
+  int join = op.sig != NULL && op.sig->join;
+  if (join) {
+    long ax = PyLong_Check(x->axis) ? PyLong_AsLong(x->axis) : -1;
+    if (ax < 0 || ax >= MT_MAX_NDIM) {
+      if (!PyErr_Occurred())
+        PyErr_Format(PyExc_ValueError, "execute: a join needs a normalised axis, got %R",
+                     x->axis);
+      goto done;
+    }
+    c.key.aux = ax;
+  }
   if (reduction) {
     int ndim = (int)PyTuple_GET_SIZE(PyTuple_GET_ITEM(c.dt[0]->spec, 2));
     c.key.aux = mt_ext_reduction_aux(x->axis, ndim, x->keepdims, &op.axes);
@@ -447,13 +459,14 @@ static PyObject *run_execute(mt_ext_dispatch *d, const exec_args *x) {
     op.aux = PyTuple_Pack(2, x->axis, x->keepdims ? Py_True : Py_False);
     if (op.aux == NULL) goto done;
   }
-  if (nextra + reduction > 16 || c.key.op < 0) {
+  int first = reduction || join; /* the axis comes first */
+  if (nextra + first > 16 || c.key.op < 0) {
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "execute: too many arguments");
     goto done;
   }
-  if (reduction) stack[0] = x->axis;
-  for (Py_ssize_t i = 0; i < nextra; ++i) stack[reduction + i] = PyTuple_GET_ITEM(x->extra, i);
-  op.extra = stack, op.nextra = nextra + reduction;
+  if (first) stack[0] = x->axis;
+  for (Py_ssize_t i = 0; i < nextra; ++i) stack[first + i] = PyTuple_GET_ITEM(x->extra, i);
+  op.extra = stack, op.nextra = nextra + first;
   op.kwnames = x->kwnames;
   out = mt_ext_execute(d, &op, &c, &PyTuple_GET_ITEM(x->ops, 0));
 done:

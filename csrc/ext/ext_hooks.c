@@ -51,6 +51,19 @@ PyObject *mt_ext_hook_call(mt_ext_dispatch *d, int kind, PyObject *fn, PyObject 
   return PyObject_Call(fn, args, kwargs);
 }
 
+PyObject *mt_ext_door_hook(mt_ext_dispatch *d, PyObject *func, PyObject *pos, PyObject *kw,
+                           PyObject *agreed) {
+  PyObject *fn = PyDict_GetItemWithError(d->hooks, d->str[MT_S_DOOR]);
+  if (fn == NULL)
+    return PyErr_Occurred() ? NULL
+                            : PyErr_Format(PyExc_RuntimeError, "no door hook: import mpitensor");
+  PyObject *stack[4] = {func, pos, kw, agreed};
+  Py_INCREF(fn); /* the hook may be replaced while it runs */
+  PyObject *res = mt_ext_hook(d, MT_HOOK_ENTRY, fn, stack, 4, NULL);
+  Py_DECREF(fn);
+  return res;
+}
+
 int mt_ext_event(mt_ext_dispatch *d, int kind, PyObject *const *args, Py_ssize_t n) {
   PyObject *fn = PyDict_GetItemWithError(d->hooks, d->str[MT_S_EVENT + kind]);
   if (fn == NULL) return PyErr_Occurred() ? -1 : 0;

@@ -124,8 +124,41 @@ static PyObject *register_lanes(PyObject *module, PyObject *args) {
   if (sig == NULL) return NULL;
   sig->op.family = MT_OP_ELEMENTWISE, sig->op.kind = MT_ELEMENTWISE_NONE;
   sig->nin = 1, sig->nout = 1, sig->lanes = 1, sig->lanes_axis = (int)default_axis;
+  sig->op.rule.reduce_op = -1; /* no stand-in reduction tells its dtype */
   Py_XSETREF(sig->method, Py_NewRef(local));
   Py_RETURN_NONE;
+}
+
+/* register_join(func, local, label) */
+static PyObject *register_join(PyObject *module, PyObject *args) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  PyObject *func, *local, *label;
+  if (!PyArg_ParseTuple(args, "OOU:register_join", &func, &local, &label)) return NULL;
+  if (!PyCallable_Check(local))
+    return PyErr_Format(PyExc_TypeError, "register_join(func, local: callable, label: str)");
+  mt_ext_sig *sig = add_sig(d, func, label);
+  if (sig == NULL) return NULL;
+  sig->op.family = MT_OP_ELEMENTWISE, sig->op.kind = MT_ELEMENTWISE_NONE;
+  sig->op.rule.reduce_op = -1;
+  sig->nout = 1, sig->join = 1;
+  Py_XSETREF(sig->method, Py_NewRef(local));
+  Py_RETURN_NONE;
+}
+
+/* concatenate_blocks(*blocks, axis): see the method table. */
+static PyObject *concatenate_blocks(PyObject *Py_UNUSED(module), PyObject *const *a,
+                                    Py_ssize_t n) {
+  if (n < 2) return PyErr_Format(PyExc_TypeError, "concatenate_blocks(*blocks, axis)");
+  long axis = PyLong_AsLong(a[n - 1]);
+  if (axis == -1 && PyErr_Occurred()) return NULL;
+  if (axis < -NPY_MAXDIMS || axis >= NPY_MAXDIMS)
+    return PyErr_Format(PyExc_ValueError, "concatenate_blocks: axis %ld", axis);
+  PyObject *blocks = PyTuple_New(n - 1);
+  for (Py_ssize_t i = 0; blocks != NULL && i < n - 1; ++i)
+    PyTuple_SET_ITEM(blocks, i, Py_NewRef(a[i]));
+  PyObject *out = blocks != NULL ? PyArray_Concatenate(blocks, (int)axis) : NULL;
+  Py_XDECREF(blocks);
+  return out;
 }
 
 /* register_reduction(func, method, reduce_op, partial_rule, partial_ops, even_only,
@@ -302,6 +335,19 @@ PyMethodDef mt_ext_ops_methods[] = {
      "whole where they lie, so nothing moves and the placements stay. Local.\n\n"
      "Example: _C.register_lanes(numpy.cumsum, numpy.ndarray.cumsum, None, "
      "'numpy.cumsum')"},
+    {"register_join", register_join, METH_VARARGS,
+     "register_join(func, local, label): func(arrays, axis) joins DTensors along an "
+     "existing axis (numpy.concatenate), local(*blocks, axis) joins the blocks. The "
+     "executor runs _C.execute(func, arrays, axis=axis) with the join's dim map, made "
+     "in C (each input's axis whole, the output's as long as theirs together), and "
+     "executor_call takes a call of DTensors of one mesh, of the same other dims, "
+     "joined along an int axis that no mesh dim shards, without Partials. Local.\n\n"
+     "Example: _C.register_join(numpy.concatenate, _C.concatenate_blocks, "
+     "'numpy.concatenate')"},
+    {"concatenate_blocks", (PyCFunction)(void (*)(void))concatenate_blocks, METH_FASTCALL,
+     "concatenate_blocks(*blocks, axis) -> NumPy's concatenate of the ndarrays `blocks` "
+     "along `axis`, through NumPy's C API (a join's local function). Local.\n\n"
+     "Example: _C.concatenate_blocks(a, b, 1)"},
     {"register_reduction", register_reduction, METH_VARARGS,
      "register_reduction(func, method, reduce_op, partial_rule, partial_ops, even_only, "
      "label): a reduction's signature, the DTensor method it backs (reduce_op -1: the "

@@ -250,6 +250,27 @@ def test_a_cached_operation_calls_python_once(mesh):
             "error": 0, "dtype": 2 * miss, "errstate": 0, "deferred": 0, "runs": 2}
 
 
+def in_c_or_entry(in_c, in_entry, entered, exact=True):
+    """Each (call, NumPy's answer) of ``in_c`` runs in C, none of ``in_entry``
+    does, once the decision is made: an entry enters (``entered`` lists them) only
+    for the second, and no C door hands a call back to Python. The answer is
+    NumPy's, its dtype too; bit for bit from C (``exact``), and from an entry too
+    unless its blocks add in another order."""
+    for calls, enters in ((in_c, False), (in_entry, True)):
+        for call, want in calls:
+            call()  # the decision made
+            before, entered[:] = _trace.hook_stats(), []
+            got = call()
+            assert bool(entered) == enters, want
+            assert _trace.hook_stats()["entry"] == before["entry"]
+            full = got.full_tensor()
+            assert full.dtype == want.dtype
+            if exact and not enters:
+                assert bits_equal(full, want), want
+            else:
+                np.testing.assert_allclose(full, want, rtol=1e-12, atol=1e-12)
+
+
 def test_a_reduction_function_runs_in_c_or_its_rule_in_python_without_a_round_trip(mesh):
     """np.sum(x, axis=1) as the method takes it is agreed and run in one C call
     (no call into Python but the local function); with a user's rule for np.sum,
@@ -342,17 +363,7 @@ def test_where_and_clip_of_dtensors_and_scalars_run_in_c_else_in_their_entries(
                 (lambda: np.clip(x, a_min=-1, a_max=3), np.clip(a, -1, 3)),
                 (lambda: np.clip(x, -1, 3, out=None), np.clip(a, -1, 3)),
                 (lambda: np.where(x > 2, x, np.arange(3.0)), np.where(a > 2, a, np.arange(3.0)))]
-    for calls, enters in ((in_c, False), (in_entry, True)):
-        for call, want in calls:
-            call()  # the decision made
-            before, entered[:] = _trace.hook_stats(), []
-            got = call()
-            assert bool(entered) == enters, want
-            # never C, then back into Python through the door hook
-            assert _trace.hook_stats()["entry"] == before["entry"]
-            full = got.full_tensor()
-            assert full.dtype == want.dtype
-            np.testing.assert_array_equal(full, want)
+    in_c_or_entry(in_c, in_entry, entered)
     g = mt.distribute_tensor(a, mesh, [Shard(0)], requires_grad=True)
     entered[:], before = [], _trace.hook_stats()["entry"]
     np.testing.assert_array_equal(np.clip(g, -1, 3).detach().full_tensor(), np.clip(a, -1, 3))
@@ -396,19 +407,7 @@ def test_sort_cumsum_and_flip_along_an_unsharded_axis_run_in_c_else_in_their_ent
                 (lambda: np.cumsum(p, 1), np.cumsum(a, 1)),
                 (lambda: np.flip(x), np.flip(a)),
                 (lambda: np.flip(x, (1,)), np.flip(a, (1,)))]
-    for calls, enters in ((in_c, False), (in_entry, True)):
-        for call, want in calls:
-            call()  # the decision made
-            before, entered[:] = _trace.hook_stats(), []
-            got = call()
-            assert bool(entered) == enters, want
-            assert _trace.hook_stats()["entry"] == before["entry"]
-            full = got.full_tensor()
-            assert full.dtype == want.dtype
-            if enters:  # a scan across ranks adds in another order
-                np.testing.assert_allclose(full, want, rtol=1e-12, atol=1e-12)
-            else:
-                assert bits_equal(full, want), want
+    in_c_or_entry(in_c, in_entry, entered)
     assert np.sort(x, 1).placements == (Shard(0),) and np.sort(r, 0).placements == (Replicate(),)
     y = np.flip(x, 1)
     y += 1.0
@@ -418,6 +417,41 @@ def test_sort_cumsum_and_flip_along_an_unsharded_axis_run_in_c_else_in_their_ent
     np.sort(g, 1).sum().backward()
     assert entered == ["sort"]
     np.testing.assert_array_equal(g.grad.full_tensor(), np.ones_like(a))
+
+
+def test_concatenate_along_an_unsharded_axis_runs_in_c_else_in_its_entry(mesh, monkeypatch):
+    """np.concatenate of DTensors of one mesh along an int axis that no mesh dim
+    shards, without Partials, is agreed and run in one C call, the entry never
+    entered, NumPy's promotion kept; along a sharded axis, with another keyword, of
+    a Partial or of other dims that differ (NumPy's ValueError, on every rank), the
+    entry runs, C agreeing on nothing first."""
+    from mpitensor import _registry
+    entered = []
+    entry = _registry.functions[np.concatenate]
+    monkeypatch.setitem(_registry.functions, np.concatenate, lambda *a, **k: (
+        entered.append("concatenate"), entry(*a, **k))[1])
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((4 * W, 3)), rng.standard_normal((4 * W, 2))
+    f = rng.standard_normal((4 * W, 1)).astype(np.float32)
+    x, y = (mt.distribute_tensor(v, mesh, [Shard(0)]) for v in (a, b))
+    z = mt.distribute_tensor(f, mesh, [Shard(0)])
+    r = mt.distribute_tensor(a, mesh, [Replicate()])
+    p = make(a, mesh, [Partial("sum")])
+    in_c = [(lambda: np.concatenate((x, y), axis=1), np.concatenate((a, b), axis=1)),
+            (lambda: np.concatenate([x, y, z], 1), np.concatenate([a, b, f], 1)),
+            (lambda: np.concatenate((x, y), axis=-1), np.concatenate((a, b), axis=-1)),
+            (lambda: np.concatenate((r, r)), np.concatenate((a, a)))]
+    in_entry = [(lambda: np.concatenate((x, x)), np.concatenate((a, a))),
+                (lambda: np.concatenate((x, y), axis=1, out=None),
+                 np.concatenate((a, b), axis=1, out=None)),
+                (lambda: np.concatenate((p, p), 1), np.concatenate((a, a), 1)),
+                (lambda: np.concatenate((x, y), axis=None), np.concatenate((a, b), axis=None))]
+    in_c_or_entry(in_c, in_entry, entered)
+    assert np.concatenate((x, y), axis=1).placements == (Shard(0),)
+    entered[:] = []
+    with pytest.raises(ValueError, match="must match exactly"):
+        np.concatenate((x, mt.distribute_tensor(a[:2 * W], mesh, [Shard(0)])), axis=1)
+    assert entered == ["concatenate"]
 
 
 def test_astype_that_moves_nothing_runs_in_c_else_in_its_entry(mesh, monkeypatch):

@@ -33,7 +33,7 @@ import operator
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
-from .. import _call_agreement, _comm, _modes, _registry
+from .. import _C, _call_agreement, _comm, _modes, _registry
 from .. import _strided as _layouts
 from .._dtensor import DTensor
 from .._algorithms import _dispatch as D
@@ -303,35 +303,28 @@ def _same_other_dims(arrays, ax: int) -> None:
 
 
 def _joined(arrays: tuple, ax: int):
-    """np.concatenate of DTensors along axis ``ax``, which no mesh dim shards: a dim
-    map, local where the layouts agree. Its build checks what NumPy does (the ranks,
-    the axis; the executor the other dims)."""
-    def build():
-        n = _rank_of(arrays)
-        normalize_axis_index(ax, n)  # NumPy's AxisError
-        _same_other_dims(arrays, ax)
-        # Label ax is the output's axis; each input's axis gets a label of its own.
-        kinds = [D.KEEP] * n
-        kinds[ax] = D.REPLICATE
-        in_labels = []
-        for _ in arrays:
-            labels = list(range(n))
-            labels[ax] = len(kinds)
-            kinds.append(D.REPLICATE)
-            in_labels.append(labels)
-        # Joining is linear: torch's additive rules hold (a Replicate input joins
-        # a Partial(sum) on one rank only, with no move).
-        return D.dimmap(in_labels, range(n), kinds, partial_rule=D.P_ADDITIVE,
-                        sizes={ax: sum(x.shape[ax] for x in arrays)})
-
-    local = _JOIN_LOCAL.get(ax)
-    if local is None:
-        local = _JOIN_LOCAL[ax] = lambda *ls: _concatenate_ndarrays(ls, ax)
-    return D.execute(("concatenate", ax), arrays, build, local)
+    """np.concatenate of DTensors along axis ``ax``, which no mesh dim shards: the
+    executor's join (_C.register_join below), local where the layouts agree,
+    after NumPy's checks of the ranks, the axis and the other dims."""
+    first = arrays[0]._spec.shape
+    n = len(first)
+    if not 0 <= ax < n:
+        normalize_axis_index(ax, _rank_of(arrays))  # NumPy's ValueError or AxisError
+    head, tail = first[:ax], first[ax + 1:]
+    for x in arrays:
+        shape = x._spec.shape
+        if len(shape) != n or shape[:ax] != head or shape[ax + 1:] != tail:
+            _rank_of(arrays)  # NumPy's ValueError, of the ranks or of the other dims
+            _same_other_dims(arrays, ax)
+    return D.execute(np.concatenate, arrays, axis=ax)
 
 
-# The local join of each axis, made once.
-_JOIN_LOCAL: dict = {}
+# np.concatenate of DTensors of one mesh along an axis that no mesh dim shards,
+# without Partials, is the executor's, taken in C before the entry runs: each
+# input's axis is whole on its rank, so the blocks join where they lie. The dim
+# map is made in C (each input's axis a label of its own, the output's as long as
+# theirs together; joining is linear, so Partials pass by torch's additive rule).
+_C.register_join(np.concatenate, _C.concatenate_blocks, _registry.call_label(np.concatenate))
 # NumPy's concatenate of ndarrays without its __array_function__ dispatch (NEP 18's
 # ``_implementation``): the local arrays are plain, so no other type can claim the call.
 _concatenate_ndarrays = getattr(np.concatenate, "_implementation", np.concatenate)
