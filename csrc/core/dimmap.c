@@ -227,6 +227,43 @@ int mt_dimmap_reduction(const mt_reduction_rule *rule, int ndim, uint32_t axes,
   return MT_OK;
 }
 
+int mt_dimmap_join(int ninputs, const int *ndim, const int64_t (*shape)[MT_MAX_NDIM],
+                   int axis, mt_dimmap *out, mt_error *err) {
+  if (ninputs < 1 || ninputs > MT_PROP_MAX_INPUTS)
+    return mt__fail(err, MT_EINVAL, "a join takes 1 to %d inputs, got %d", MT_PROP_MAX_INPUTS,
+                    ninputs);
+  const int n = ndim[0];
+  if (n < 1 || n > MT_MAX_NDIM || n + ninputs > MT_PROP_MAX_LABELS || axis < 0 || axis >= n)
+    return mt__fail(err, MT_EINVAL, "cannot join %d-dim inputs along axis %d", n, axis);
+  mt_dimmap map;
+  memset(&map, 0, sizeof map);
+  map.ninputs = ninputs, map.out_ndim = n, map.nlabels = n + ninputs;
+  for (int k = 0; k < n; ++k) {
+    map.out_labels[k] = k;
+    map.label_kind[k] = k == axis ? MT_LABEL_REPLICATE : MT_LABEL_KEEP;
+  }
+  int64_t total = 0;
+  for (int t = 0; t < ninputs; ++t) {
+    if (ndim[t] != n)
+      return mt__fail(err, MT_EINVAL, "all the input arrays must have the same number of "
+                      "dimensions");
+    for (int k = 0; k < n; ++k) {
+      if (k != axis && shape[t][k] != shape[0][k])
+        return mt__fail(err, MT_EINVAL, "all the input array dimensions except for the "
+                        "concatenation axis must match exactly");
+      map.in_labels[t][k] = k == axis ? n + t : k;
+    }
+    map.in_ndim[t] = n;
+    map.label_kind[n + t] = MT_LABEL_REPLICATE;
+    total += shape[t][axis];
+  }
+  map.partial_rule = MT_PARTIAL_ADDITIVE;
+  map.sized_labels = 1u << axis, map.label_size[axis] = total;
+  int rc = mt_dimmap_check(&map, err);
+  if (rc == MT_OK) *out = map;
+  return rc;
+}
+
 int mt_op_dimmap(const mt_op_sig *sig, const mt_op_args *args, const mt_prop_inputs *in,
                  int dtype, mt_dimmap *out, mt_error *err) {
   const int n = in->ninputs;
@@ -247,6 +284,13 @@ int mt_op_dimmap(const mt_op_sig *sig, const mt_op_args *args, const mt_prop_inp
       if (n != 1) return mt__fail(err, MT_EINVAL, "a reduction takes one tensor");
       return mt_dimmap_reduction(&sig->rule, in->ndim[0], args->axes, args->keepdims, dtype,
                                  out, err);
+    case MT_OP_JOIN: {
+      int axis = 0;
+      while (axis < MT_MAX_NDIM && args->axes != 1u << axis) ++axis;
+      if (axis == MT_MAX_NDIM) return mt__fail(err, MT_EINVAL, "a join has one axis");
+      return mt_dimmap_join(n, in->ndim, (const int64_t(*)[MT_MAX_NDIM])in->shape, axis, out,
+                            err);
+    }
     default:
       return mt__fail(err, MT_EINVAL, "Unknown operation family %d", sig->family);
   }

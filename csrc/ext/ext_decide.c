@@ -257,38 +257,6 @@ static int result_dtype(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_ca
   return code;
 }
 
-/* The dim map of joining the call's DTensors along `ax` (a join's op, its axis in
- * the memo key): the output's dims are the inputs', each input's `ax` a label of
- * its own that must be whole (Replicate), the output's `ax` as long as theirs
- * together; joining is linear, so torch's additive rule keeps Partials. */
-static int join_dimmap(const mt_ext_call *c, int64_t ax, mt_dimmap *m, mt_error *err) {
-  memset(m, 0, sizeof *m);
-  int ninputs = c->ntensors;
-  int n = (int)PyTuple_GET_SIZE(PyTuple_GET_ITEM(c->dt[0]->spec, 2));
-  if (ninputs > MT_PROP_MAX_INPUTS || n + ninputs > MT_PROP_MAX_LABELS || ax < 0 || ax >= n)
-    return mt_error_set(err, MT_EINVAL, "a join of %d inputs of %d dims along axis %lld",
-                        ninputs, n, (long long)ax);
-  m->ninputs = ninputs, m->out_ndim = n, m->nlabels = n + ninputs;
-  for (int k = 0; k < n; ++k) {
-    m->out_labels[k] = k;
-    m->label_kind[k] = k == ax ? MT_LABEL_REPLICATE : MT_LABEL_KEEP;
-  }
-  int64_t total = 0;
-  for (int t = 0; t < ninputs; ++t) {
-    PyObject *shape = PyTuple_GET_ITEM(c->dt[t]->spec, 2);
-    if (PyTuple_GET_SIZE(shape) != n)
-      return mt_error_set(err, MT_EINVAL, "all the input arrays must have the same number "
-                          "of dimensions");
-    m->in_ndim[t] = n;
-    for (int k = 0; k < n; ++k) m->in_labels[t][k] = k == ax ? n + t : k;
-    m->label_kind[n + t] = MT_LABEL_REPLICATE;
-    total += PyLong_AsLongLong(PyTuple_GET_ITEM(shape, ax));
-  }
-  m->partial_rule = MT_PARTIAL_ADDITIVE;
-  m->sized_labels = 1u << ax, m->label_size[ax] = total;
-  return mt_dimmap_check(m, err);
-}
-
 /* A miss: the op's dim map decided and stored. */
 static mt_decision *miss(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call *c) {
   mt_prop_inputs in;
@@ -298,10 +266,7 @@ static mt_decision *miss(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_c
   mt_error err = {0};
   mt_decision *dec = NULL;
   int rc;
-  if (op->sig != NULL && op->sig->join) {
-    rc = join_dimmap(c, c->key.aux, &map, &err);
-    if (rc != MT_OK) return raise_named(op, rc, &err);
-  } else if (op->sig != NULL) {
+  if (op->sig != NULL) {
     mt_op_args args = {c->noperands, c->tensors, op->axes, op->keepdims};
     rc = mt_op_dimmap(&op->sig->op, &args, &in, dtype[0], &map, &err);
     if (rc != MT_OK) return raise_named(op, rc, &err);

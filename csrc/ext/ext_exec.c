@@ -446,7 +446,7 @@ static PyObject *run_execute(mt_ext_dispatch *d, const exec_args *x) {
                      x->axis);
       goto done;
     }
-    c.key.aux = ax;
+    c.key.aux = ax, op.axes = 1u << ax;
   }
   if (reduction) {
     int ndim = (int)PyTuple_GET_SIZE(PyTuple_GET_ITEM(c.dt[0]->spec, 2));

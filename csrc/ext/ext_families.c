@@ -7,7 +7,7 @@
  *   lanes        np.sort, np.cumsum, np.flip along an      register_lanes
  *                axis no mesh dim shards
  *   join         np.concatenate along an axis no mesh dim  register_join
- *                shards
+ *                shards (the core's mt_dimmap_join)
  *
  * Each is agreed on first (a program's call), then run by the executor when its
  * operands are what the family reads; what it declines before the agreement its
@@ -274,7 +274,7 @@ static PyObject *join_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *
   PyObject *axis = PyLong_FromLong(ax);
   if (axis == NULL) return NULL;
   PyObject *extra[1] = {axis};
-  mt_ext_op op = {sig, sig->func, NULL, 0, 0, sig->method, extra, 1, NULL, 0, NULL};
+  mt_ext_op op = {sig, sig->func, NULL, 1u << ax, 0, sig->method, extra, 1, NULL, 0, NULL};
   PyObject *out = run_unmoved(d, &op, PySequence_Fast_ITEMS(arrays),
                               (int)PySequence_Fast_GET_SIZE(arrays), ax, args, kwargs, caller);
   Py_DECREF(axis);

@@ -138,8 +138,7 @@ static PyObject *register_join(PyObject *module, PyObject *args) {
     return PyErr_Format(PyExc_TypeError, "register_join(func, local: callable, label: str)");
   mt_ext_sig *sig = add_sig(d, func, label);
   if (sig == NULL) return NULL;
-  sig->op.family = MT_OP_ELEMENTWISE, sig->op.kind = MT_ELEMENTWISE_NONE;
-  sig->op.rule.reduce_op = -1;
+  sig->op.family = MT_OP_JOIN, sig->op.rule.reduce_op = -1;
   sig->nout = 1, sig->join = 1;
   Py_XSETREF(sig->method, Py_NewRef(local));
   Py_RETURN_NONE;
@@ -338,8 +337,9 @@ PyMethodDef mt_ext_ops_methods[] = {
     {"register_join", register_join, METH_VARARGS,
      "register_join(func, local, label): func(arrays, axis) joins DTensors along an "
      "existing axis (numpy.concatenate), local(*blocks, axis) joins the blocks. The "
-     "executor runs _C.execute(func, arrays, axis=axis) with the join's dim map, made "
-     "in C (each input's axis whole, the output's as long as theirs together), and "
+     "executor runs _C.execute(func, arrays, axis=axis) with the core's join dim map "
+     "(mt_dimmap_join: each input's axis whole, the output's as long as theirs "
+     "together), and "
      "executor_call takes a call of DTensors of one mesh, of the same other dims, "
      "joined along an int axis that no mesh dim shards, without Partials. Local.\n\n"
      "Example: _C.register_join(numpy.concatenate, _C.concatenate_blocks, "

@@ -1870,6 +1870,31 @@ static void test_builder_matmul(void) {
   CHECK(mt_dimmap_matmul(3, b1.shape, 3, b2.shape, 0, &bad, NULL) == MT_EINVAL);
 }
 
+/* The join of np.concatenate: each input's axis is its own whole label, the
+ * output's axis as long as theirs together, the other dims shared; the ranks
+ * and the other dims must agree, the axis be in range. */
+static void test_builder_join(void) {
+  const int ndim[3] = {2, 2, 2};
+  const int64_t shape[3][MT_MAX_NDIM] = {{4, 3}, {4, 2}, {4, 5}};
+  mt_dimmap m;
+  mt_error err = {0, ""};
+  CHECK_MSG(mt_dimmap_join(3, ndim, shape, 1, &m, &err) == MT_OK, "join: %s", err.msg);
+  CHECK(m.ninputs == 3 && m.out_ndim == 2 && m.nlabels == 5);
+  CHECK(m.label_kind[0] == MT_LABEL_KEEP && m.label_kind[1] == MT_LABEL_REPLICATE);
+  for (int t = 0; t < 3; ++t)
+    CHECK(m.in_labels[t][0] == 0 && m.in_labels[t][1] == 2 + t &&
+          m.label_kind[2 + t] == MT_LABEL_REPLICATE);
+  CHECK(m.sized_labels == 1u << 1 && m.label_size[1] == 10);
+  CHECK(m.partial_rule == MT_PARTIAL_ADDITIVE);
+  const int64_t other[2][MT_MAX_NDIM] = {{4, 3}, {5, 3}};
+  CHECK(mt_dimmap_join(2, ndim, other, 1, &m, &err) == MT_EINVAL &&
+        strstr(err.msg, "must match exactly") != NULL);
+  const int ranks[2] = {2, 1};
+  CHECK(mt_dimmap_join(2, ranks, shape, 0, &m, NULL) == MT_EINVAL);
+  CHECK(mt_dimmap_join(2, ndim, shape, 2, &m, NULL) == MT_EINVAL);
+  CHECK(mt_dimmap_join(2, ndim, shape, -1, &m, NULL) == MT_EINVAL);
+}
+
 /* Field by field: the reference map of map_reduce and the built one. */
 static int same_reduction(const mt_dimmap *a, const mt_dimmap *b) {
   int same = a->nlabels == b->nlabels && a->out_ndim == b->out_ndim &&
@@ -2246,6 +2271,7 @@ int main(int argc, char **argv) {
   test_reshape();
   test_builder_elementwise();
   test_builder_matmul();
+  test_builder_join();
   test_builder_reduction();
   test_random();
   test_map_errors();

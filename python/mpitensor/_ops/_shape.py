@@ -322,8 +322,8 @@ def _joined(arrays: tuple, ax: int):
 # np.concatenate of DTensors of one mesh along an axis that no mesh dim shards,
 # without Partials, is the executor's, taken in C before the entry runs: each
 # input's axis is whole on its rank, so the blocks join where they lie. The dim
-# map is made in C (each input's axis a label of its own, the output's as long as
-# theirs together; joining is linear, so Partials pass by torch's additive rule).
+# map is the core's mt_dimmap_join (each input's axis a label of its own, the
+# output's as long as theirs together; joining is linear, so Partials pass).
 _C.register_join(np.concatenate, _C.concatenate_blocks, _registry.call_label(np.concatenate))
 # NumPy's concatenate of ndarrays without its __array_function__ dispatch (NEP 18's
 # ``_implementation``): the local arrays are plain, so no other type can claim the call.

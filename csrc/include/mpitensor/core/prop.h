@@ -170,6 +170,16 @@ MT_EXPORT int mt_dimmap_matmul(int a_ndim, const int64_t *a_shape, int b_ndim,
                                const int64_t *b_shape, int transpose_b, mt_dimmap *out,
                                mt_error *err);
 
+/* Local. The dim map of joining `ninputs` tensors (2 to MT_PROP_MAX_INPUTS) along
+ * dim `axis` (np.concatenate): the output's dims are the inputs', all KEEP but
+ * `axis`, which each input holds as a label of its own that must be whole
+ * (REPLICATE) and the output holds as long as theirs together. Joining is
+ * linear: torch's ADDITIVE rule keeps Partials. Inputs of other ranks, or of
+ * other sizes outside `axis`, or an axis out of range are MT_EINVAL. */
+MT_EXPORT int mt_dimmap_join(int ninputs, const int *ndim,
+                             const int64_t (*shape)[MT_MAX_NDIM], int axis, mt_dimmap *out,
+                             mt_error *err);
+
 /* What a reduction does when the dims it reduces are sharded. `reduce_op` is the
  * mt_reduce_op the partial results combine with (the reduced labels are REDUCE),
  * or -1 when they do not combine (REPLICATE: all, any, argmax, std, ...);
@@ -195,7 +205,8 @@ int mt_dimmap_reduction(const mt_reduction_rule *rule, int ndim, uint32_t axes,
 typedef enum mt_op_family {
   MT_OP_ELEMENTWISE = 0, /* `kind`: an mt_elementwise_kind */
   MT_OP_MATMUL = 1,
-  MT_OP_REDUCTION = 2 /* `rule` */
+  MT_OP_REDUCTION = 2, /* `rule` */
+  MT_OP_JOIN = 3       /* np.concatenate: mt_dimmap_join along the one dim of `axes` */
 } mt_op_family;
 
 typedef struct mt_op_sig {
@@ -205,7 +216,8 @@ typedef struct mt_op_sig {
 } mt_op_sig;
 
 /* What one call adds to the shapes: elementwise, the operand count and the bitmask
- * of the tensor operands (the inputs); a reduction, the reduced dims and keepdims. */
+ * of the tensor operands (the inputs); a reduction, the reduced dims and keepdims;
+ * a join, its one dim in `axes`. */
 typedef struct mt_op_args {
   int noperands;
   uint32_t tensors;
