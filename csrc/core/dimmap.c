@@ -188,9 +188,12 @@ static void unordered(mt_dimmap *map) {
     map->partial_rule = MT_PARTIAL_NONE, map->partial_ops = 0;
 }
 
-/* Max and min of bool or complex values have no MPI reduction here. */
-static int combinable(int op, int dtype) {
-  if (op != MT_REDUCE_MAX && op != MT_REDUCE_MIN) return op >= 0;
+/* Max and min of bool or complex values are not combined here: complex numbers
+ * have no order, and a bool max over an empty shard has nothing to give its
+ * Partial. All and any (`logical`), whose empty block gives their identity,
+ * combine their bool results whatever the input's dtype. */
+static int combinable(int op, int dtype, int logical) {
+  if (logical || (op != MT_REDUCE_MAX && op != MT_REDUCE_MIN)) return op >= 0;
   return dtype != MT_DTYPE_BOOL && dtype != MT_DTYPE_COMPLEX64 &&
          dtype != MT_DTYPE_COMPLEX128;
 }
@@ -200,7 +203,7 @@ int mt_dimmap_reduction(const mt_reduction_rule *rule, int ndim, uint32_t axes,
   if (rule == NULL || ndim < 0 || ndim > MT_MAX_NDIM || (axes >> ndim) != 0)
     return mt__fail(err, MT_EINVAL, "A reduction of a 0- to %d-d input over its own "
                     "dims was expected", MT_MAX_NDIM);
-  int op = combinable(rule->reduce_op, dtype) ? rule->reduce_op : -1;
+  int op = combinable(rule->reduce_op, dtype, rule->logical) ? rule->reduce_op : -1;
   mt_dimmap map;
   memset(&map, 0, sizeof map);
   map.ninputs = 1, map.in_ndim[0] = ndim, map.nlabels = ndim;

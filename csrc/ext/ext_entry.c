@@ -392,10 +392,12 @@ static PyObject *reduce(mt_ext_dispatch *d, int method, PyObject *self,
   const mt_decision *dec = c.key.aux < 0 ? NULL : mt_ext_decide(d, &op, &c, &hit);
   /* A reduction without a reduce op (var, argmax, ...) whose input must move, and
    * max or min whose reduced axis leaves a shard empty (their Partial would have
-   * nothing to hold), merge per-rank results in their Python entry instead. */
+   * nothing to hold), merge per-rank results in their Python entry instead; all
+   * and any give their identity on an empty block. */
   int op_code = sig->op.rule.reduce_op;
   int merged = dec != NULL && dec->plan[0] != NULL &&
-               (op_code < 0 || op_code == MT_REDUCE_MAX || op_code == MT_REDUCE_MIN);
+               (op_code < 0 || ((op_code == MT_REDUCE_MAX || op_code == MT_REDUCE_MIN) &&
+                                !sig->op.rule.logical));
   PyObject *out = NULL;
   if (c.key.aux < 0 || merged) {
     mt_ext_call_release(&c);
@@ -446,14 +448,13 @@ static int method_of(const mt_ext_dispatch *d, const mt_ext_sig *sig) {
 
 
 /* np.sum(x, axis=1) and its kin as the DTensor method runs them, when the call is
- * one the method takes: the DTensor itself, then axis and keepdims. np.all and
- * np.any are not: their function keeps a bool Partial that the method reduces. */
+ * one the method takes: the DTensor itself, then axis and keepdims. */
 static PyObject *reduction_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,
                                 PyObject *kwargs, PyObject *caller) {
   int m = method_of(d, sig);
   Py_ssize_t nargs = PyTuple_GET_SIZE(args), nkw = PyDict_GET_SIZE(kwargs), pos = 0, k = 0;
   PyObject *key, *v;
-  if (m < 0 || m == MT_RED_all || m == MT_RED_any || nargs < 1 || nargs > 2 || nkw > 2 ||
+  if (m < 0 || nargs < 1 || nargs > 2 || nkw > 2 ||
       Py_TYPE(PyTuple_GET_ITEM(args, 0)) != d->dtensor)
     Py_RETURN_NOTIMPLEMENTED;
   while (PyDict_Next(kwargs, &pos, &key, &v))

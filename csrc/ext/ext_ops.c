@@ -161,7 +161,7 @@ static PyObject *concatenate_blocks(PyObject *Py_UNUSED(module), PyObject *const
 }
 
 /* register_reduction(func, method, reduce_op, partial_rule, partial_ops, even_only,
- * label): `method` names the DTensorBase reduction method it backs, or is None; the local
+ * logical, label): `method` names the DTensorBase reduction method it backs, or is None; the local
  * array is reduced by ndarray's method of that name (else `func`) until
  * set_reduction_local says otherwise. */
 static PyObject *register_reduction(PyObject *module, PyObject *args) {
@@ -170,8 +170,8 @@ static PyObject *register_reduction(PyObject *module, PyObject *args) {
   const char *method;
   mt_reduction_rule rule;
   unsigned int ops;
-  if (!PyArg_ParseTuple(args, "OziiIpU:register_reduction", &func, &method, &rule.reduce_op,
-                        &rule.partial_rule, &ops, &rule.even_only, &label))
+  if (!PyArg_ParseTuple(args, "OziiIppU:register_reduction", &func, &method, &rule.reduce_op,
+                        &rule.partial_rule, &ops, &rule.even_only, &rule.logical, &label))
     return NULL;
   rule.partial_ops = ops;
   int m = 0;
@@ -350,9 +350,12 @@ PyMethodDef mt_ext_ops_methods[] = {
      "Example: _C.concatenate_blocks(a, b, 1)"},
     {"register_reduction", register_reduction, METH_VARARGS,
      "register_reduction(func, method, reduce_op, partial_rule, partial_ops, even_only, "
-     "label): a reduction's signature, the DTensor method it backs (reduce_op -1: the "
-     "reduced dims are merged by its Python entry) and the name its calls are agreed "
-     "by. Local."},
+     "logical, label): a reduction's signature, the DTensor method it backs (reduce_op "
+     "-1: the reduced dims are merged by its Python entry; logical: all or any, whose "
+     "bool results combine by reduce_op whatever the input) and the name its calls are "
+     "agreed by. Local.\n\n"
+     "Example: _C.register_reduction(numpy.any, 'any', R_MAX, P_NONE, 0, False, True, "
+     "'numpy.any')"},
     {"set_reduction_local", set_reduction_local, METH_VARARGS,
      "set_reduction_local(func, local, small, small_size): the registered reduction's "
      "local arrays reduced by `local` in place of ndarray's method, those of fewer "

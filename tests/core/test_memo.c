@@ -261,7 +261,7 @@ static mt_prop_inputs two_inputs(int64_t ranks, mt_placement a, mt_placement b) 
 static void test_decide(void) {
   const mt_placement s0 = {MT_PLACEMENT_SHARD, 0, 0, 0}, s1 = {MT_PLACEMENT_SHARD, 1, 0, 0};
   const mt_placement pmax = {MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_MAX, 0};
-  const mt_op_sig add = {MT_OP_ELEMENTWISE, MT_ELEMENTWISE_ADD, {0, 0, 0, 0}};
+  const mt_op_sig add = {MT_OP_ELEMENTWISE, MT_ELEMENTWISE_ADD, {0, 0, 0, 0, 0}};
   const mt_op_args args = {2, 3u, 0, 0};
   const int f64[2] = {MT_DTYPE_FLOAT64, MT_DTYPE_FLOAT64};
   const int c128[2] = {MT_DTYPE_COMPLEX128, MT_DTYPE_COMPLEX128};
@@ -278,7 +278,7 @@ static void test_decide(void) {
   CHECK(mt_memo_peek(memo, &k) == d);
   /* A Partial(max) of complex values reduced first: refused before any plan, on a
    * mesh dim of size 1 too, where nothing would run; nothing stored. */
-  const mt_op_sig exp_ = {MT_OP_ELEMENTWISE, MT_ELEMENTWISE_NONE, {0, 0, 0, 0}};
+  const mt_op_sig exp_ = {MT_OP_ELEMENTWISE, MT_ELEMENTWISE_NONE, {0, 0, 0, 0, 0}};
   for (int64_t ranks = 1; ranks <= 2; ++ranks) {
     mt_prop_inputs one = two_inputs(ranks, pmax, pmax);
     one.ninputs = 1;
@@ -331,7 +331,7 @@ static void test_decide(void) {
   in.shape[1][0] = 4;
   mt_memo_key k4 = key(4, 1, 2);
   CHECK(mt_memo_decide(memo, &k4, &map, &in, f64, &d, NULL) == MT_EINVAL);
-  const mt_op_sig mm = {MT_OP_MATMUL, 0, {0, 0, 0, 0}}, bad = {9, 0, {0, 0, 0, 0}};
+  const mt_op_sig mm = {MT_OP_MATMUL, 0, {0, 0, 0, 0, 0}}, bad = {9, 0, {0, 0, 0, 0, 0}};
   in.ninputs = 1;
   CHECK(mt_op_dimmap(&mm, &args, &in, MT_DTYPE_FLOAT64, &map, NULL) == MT_EINVAL);
   CHECK(mt_op_dimmap(&bad, &args, &in, MT_DTYPE_FLOAT64, &map, NULL) == MT_EINVAL);
@@ -344,7 +344,7 @@ static void test_decide(void) {
  * of the output is its chunk (ones outside the mesh). */
 static void test_decision_reads(void) {
   const mt_placement s0 = {MT_PLACEMENT_SHARD, 0, 0, 0}, s1 = {MT_PLACEMENT_SHARD, 1, 0, 0};
-  const mt_op_sig add = {MT_OP_ELEMENTWISE, MT_ELEMENTWISE_ADD, {0, 0, 0, 0}};
+  const mt_op_sig add = {MT_OP_ELEMENTWISE, MT_ELEMENTWISE_ADD, {0, 0, 0, 0, 0}};
   const mt_op_args args = {2, 3u, 0, 0};
   const int f64[2] = {MT_DTYPE_FLOAT64, MT_DTYPE_FLOAT64};
   mt_memo *memo = NULL;

@@ -1121,7 +1121,7 @@ static void test_partial_dtypes(void) {
     if (k == 0) CHECK(r.out_placements[0].kind != MT_PLACEMENT_PARTIAL);
     else EXPECT_OUT(r, 2, 1, P(MT_REDUCE_MIN));
   }
-  const mt_reduction_rule mean = {MT_REDUCE_AVG, MT_PARTIAL_LINEAR_ALL, 0, 1};
+  const mt_reduction_rule mean = {MT_REDUCE_AVG, MT_PARTIAL_LINEAR_ALL, 0, 1, 0};
   const int half = MT_DTYPE_FLOAT16;
   const int outs[3] = {MT_DTYPE_INT64, MT_DTYPE_FLOAT16, MT_DTYPE_FLOAT32};
   for (int k = 0; k < 3; ++k) {
@@ -1912,10 +1912,10 @@ static int same_reduction(const mt_dimmap *a, const mt_dimmap *b) {
 
 static void test_builder_reduction(void) {
   static const mt_reduction_rule rules[4] = {
-      {MT_REDUCE_SUM, MT_PARTIAL_LINEAR_ALL, 0, 0},
-      {MT_REDUCE_AVG, MT_PARTIAL_LINEAR_ALL, 0, 1},
-      {MT_REDUCE_MAX, MT_PARTIAL_SAME_OP, 1u << MT_REDUCE_MAX, 0},
-      {-1, MT_PARTIAL_NONE, 0, 0},
+      {MT_REDUCE_SUM, MT_PARTIAL_LINEAR_ALL, 0, 0, 0},
+      {MT_REDUCE_AVG, MT_PARTIAL_LINEAR_ALL, 0, 1, 0},
+      {MT_REDUCE_MAX, MT_PARTIAL_SAME_OP, 1u << MT_REDUCE_MAX, 0, 0},
+      {-1, MT_PARTIAL_NONE, 0, 0, 0},
   };
   for (int op = 0; op < 4; ++op) {
     for (uint32_t axes = 1; axes < 8; ++axes) {
@@ -1936,6 +1936,17 @@ static void test_builder_reduction(void) {
   CHECK(mt_dimmap_reduction(&rules[2], 2, 1u, 0, MT_DTYPE_FLOAT64, &m, NULL) == MT_OK);
   CHECK(m.label_kind[0] == MT_LABEL_REDUCE && m.label_reduce_op[0] == MT_REDUCE_MAX);
   CHECK(mt_dimmap_reduction(&rules[0], 2, 4u, 0, MT_DTYPE_FLOAT64, &m, NULL) == MT_EINVAL);
+  /* any and all: a bool Partial(max|min) whatever the input's dtype, bool and
+   * complex included; Partial inputs are reduced first. */
+  const mt_reduction_rule any = {MT_REDUCE_MAX, MT_PARTIAL_NONE, 0, 0, 1};
+  const int dtypes[3] = {MT_DTYPE_BOOL, MT_DTYPE_COMPLEX128, MT_DTYPE_INT8};
+  for (int k = 0; k < 3; ++k) {
+    CHECK(mt_dimmap_reduction(&any, 2, 3u, 0, dtypes[k], &m, NULL) == MT_OK);
+    CHECK_MSG(m.label_kind[0] == MT_LABEL_REDUCE && m.label_kind[1] == MT_LABEL_REDUCE &&
+                  m.label_reduce_op[0] == MT_REDUCE_MAX && m.out_ndim == 0 &&
+                  m.partial_rule == MT_PARTIAL_NONE,
+              "dtype %d", dtypes[k]);
+  }
 }
 
 /* ---- Random cases through the checker. ---- */

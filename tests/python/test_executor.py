@@ -165,7 +165,7 @@ def test_reduction_methods_like_numpy(mesh, name, pl):
         # results in their Python entry (mpitensor._algorithms._merge), not gather in C.
         axis = args[0] if args else kwargs.get("axis")
         reduced = (0, 1) if axis is None else np.atleast_1d(axis) % 2
-        merged = name in ("all", "any", "std", "var", "argmax", "argmin")
+        merged = name in ("std", "var", "argmax", "argmin")
         # max and min over a shard left empty (4 columns over 3 ranks: 2, 2, 0)
         # reduce with the dtype's identity in their Python entry too.
         k = mesh.shape[0]
@@ -368,6 +368,47 @@ def test_where_and_clip_of_dtensors_and_scalars_run_in_c_else_in_their_entries(
     entered[:], before = [], _trace.hook_stats()["entry"]
     np.testing.assert_array_equal(np.clip(g, -1, 3).detach().full_tensor(), np.clip(a, -1, 3))
     assert entered == ["clip"] and _trace.hook_stats()["entry"] == before
+
+
+def test_all_and_any_run_in_c_leaving_a_bool_partial(mesh, monkeypatch):
+    """np.all and np.any (and their methods) of masks, floats and complex values,
+    over any axes, keepdims too, are agreed and run in one C call, their Python
+    entries never entered: a reduced sharded dim leaves a bool Partial("min") for
+    all, Partial("max") for any, as torch keeps one; a Partial input is reduced
+    first; a block left empty (fewer rows than ranks) gives the identity. out=
+    takes the entry. Either way, NumPy's answer."""
+    from mpitensor import _registry
+    entered = []
+    for func in (np.all, np.any):
+        entry = _registry.functions[func]
+        monkeypatch.setitem(_registry.functions, func, lambda *a, _e=entry, **k: (
+            entered.append(_e.__name__), _e(*a, **k))[1])
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((2 * W, 3))
+    m = a > 0.5
+    c = a + 1j * a[::-1]
+    x, xm, xc = (mt.distribute_tensor(v, mesh, [Shard(0)]) for v in (a, m, c))
+    rm = mt.distribute_tensor(m, mesh, [Replicate()])
+    p = make(a, mesh, [Partial("sum")])
+    few = mt.distribute_tensor(m[:1], mesh, [Shard(0)])  # a block or more left empty
+    in_c = []
+    for func in (np.all, np.any):
+        in_c += [(lambda f=func: f(xm), func(m)),
+                 (lambda f=func: f(xm, axis=0), func(m, axis=0)),
+                 (lambda f=func: f(xm, 1, keepdims=True), func(m, 1, keepdims=True)),
+                 (lambda f=func: f(x, (0, 1)), func(a, (0, 1))),
+                 (lambda f=func: f(xc, 0), func(c, 0)),
+                 (lambda f=func: f(rm, 0), func(m, 0)),
+                 (lambda f=func: f(p > 1.0), func(a > 1.0)),
+                 (lambda f=func: f(few, 0), func(m[:1], 0)),
+                 (lambda f=func: getattr(xm, f.__name__)(axis=0), func(m, axis=0))]
+    out = mt.distribute_tensor(np.zeros(3, bool), mesh, [Replicate()])
+    in_entry = [(lambda: np.any(xm, 0, out=out), np.any(m, 0))]
+    in_c_or_entry(in_c, in_entry, entered)
+    assert np.any(xm).placements == (Partial("max"),)
+    assert np.all(xm, 0).placements == (Partial("min"),)
+    assert np.all(xm, 1).placements == (Shard(0),) and np.any(rm).placements == (Replicate(),)
+    np.testing.assert_array_equal(out.full_tensor(), np.any(m, 0))
 
 
 def test_sort_cumsum_and_flip_along_an_unsharded_axis_run_in_c_else_in_their_entries(

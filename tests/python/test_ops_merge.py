@@ -271,8 +271,9 @@ def test_reducing_a_sharded_axis_moves_the_result_only(name):
 def test_all_and_any_of_the_whole_array_leave_a_bool_partial_per_sharding_mesh_dim(name):
     """The whole array reduced (a mask asked ``if np.any(mask)``): each mesh dim
     that shards a dim leaves the bool Partial, a Replicate stays, a Partial input
-    is reduced first; the same layout whether or not the call is the first of
-    its kind, and NumPy's value."""
+    is reduced first (to whichever layout the executor finds cheapest, a bool
+    Partial left where it shards); the same layout whether or not the call is the
+    first of its kind, and NumPy's value."""
     partial = Partial("min" if name == "all" else "max")
     func = getattr(np, name)
     for mesh_shape in mesh_shapes_1d_2d():
@@ -293,7 +294,8 @@ def test_all_and_any_of_the_whole_array_leave_a_bool_partial_per_sharding_mesh_d
         assert part.placements[0] == Partial()
         out = func(part)
         assert bool(out) == bool(func(full))
-        assert out.placements == ((R, R) if two else (R,))
+        assert Partial() not in out.placements and out.dtype == bool
+        assert set(out.placements) <= {partial, R}
 
 
 def test_argmax_ties_and_nans_take_the_lowest_index():

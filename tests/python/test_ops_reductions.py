@@ -342,12 +342,11 @@ def test_extreme_along_an_axis_is_numpys_bits(name, special, dtype, small_blocks
 
 @pytest.mark.parametrize("name", ["all", "any"])
 @pytest.mark.parametrize("mask", ["false", "true", "one-true", "one-false"])
-def test_all_and_any_of_a_mask_of_one_value_are_numpys(name, mask, monkeypatch):
+def test_all_and_any_of_a_mask_of_one_value_are_numpys(name, mask, small_blocks):
     """all/any of a large boolean block that holds one value take two flat passes
     instead of NumPy's reduce (made to take small blocks here too): NumPy's
     result along each axis, keepdims too, also where one element differs."""
-    from mpitensor._algorithms import _merge
-    monkeypatch.setattr(_merge, "_UNIFORM_MIN_SIZE", 0)
+    small_blocks("_UNIFORM_MIN_SIZE")
     full = np.full((9, 4, 5), mask in ("true", "one-false"))
     if mask.startswith("one"):
         full[6, 2, 3] = not full[6, 2, 3]

@@ -2,8 +2,7 @@
 communication proportional to the result, not to the input: ``var`` and ``std``
 (count, mean and M2 per rank, merged by Chan's parallel formula), ``argmax`` and
 ``argmin`` (a value and its global index per rank; ties go to the lowest index,
-as NumPy), ``all`` and ``any`` (a bool Partial min or max, as torch keeps a
-Partial), ``np.linalg.norm`` (partial norms: sums of powers or maxima,
+as NumPy), ``np.linalg.norm`` (partial norms: sums of powers or maxima,
 reduced as Partials), and ``max``/``min`` over a shard left empty (each rank's
 extreme, an empty one the dtype's identity, all-reduced at once).
 
@@ -30,7 +29,7 @@ from ..placement_types import Partial, Replicate, Shard
 from . import _dispatch as D
 from . import _lanes
 
-__all__ = ["moment", "arg_extreme", "norm", "logical", "empty_shards", "extreme"]
+__all__ = ["moment", "arg_extreme", "norm", "empty_shards", "extreme"]
 
 
 def _unpartial(name, a):
@@ -367,89 +366,6 @@ def _abs2(x):
     if x.dtype.kind == "c":
         x = np.abs(x)
     return x * x
-
-
-# -- all and any -----------------------------------------------------------------------
-
-def logical(name, a, axis, keepdims, every):
-    """numpy.all (``every``) or numpy.any of a DTensor: each rank reduces its lanes
-    (an empty lane gives the identity) and the mesh dims that shard a reduced axis
-    make the output a bool ``Partial("min")`` (all) or ``Partial("max")`` (any),
-    with no communication, as torch keeps ``Partial`` for them; reading it
-    all-reduces one byte per output element. Local, unless a Partial input must be
-    reduced first.
-
-    Example: ``logical("numpy.all", dt, 0, False, True)`` is ``np.all(dt, axis=0)``.
-    """
-    spec = a._spec
-    if axis is None and not keepdims and spec.mesh._coordinate is not None:
-        # The whole array reduced, as masks are asked (``if np.any(mask)``): the
-        # output's placements follow from the input's alone, once found.
-        key = (spec.placements, every)
-        placements = _WHOLE.get(key)
-        if placements is None:
-            placements = _WHOLE[key] = _whole_placements(spec.placements, every)
-        if placements:
-            mine = a.to_local()
-            local = np.asarray(mine.all() if every else mine.any(), np.bool_)
-            return DTensor(local, DTensorSpec(spec.mesh, placements, (), _BOOL, ()))
-    func = np.all if every else np.any
-    for p in spec.placements:
-        if type(p) is Partial:
-            a = _unpartial(name, a)
-            spec = a._spec
-            break
-    mesh = spec.mesh
-    ndim = len(spec.shape)
-    axes = _args.axes(axis, ndim)
-    placements, shape = _out_spec(a, axes, keepdims, np.bool_)
-    gathered = _sharded_reduced(a, axes)
-    partial = Partial("min" if every else "max")
-    placements = tuple(partial if i in gathered else p for i, p in enumerate(placements))
-    member = mesh.get_coordinate() is not None
-    local = _logical_local(func, a.to_local(), axes, keepdims) if member else None
-    return _wrap(mesh, placements, shape, local, np.bool_)
-
-
-_BOOL = np.dtype(np.bool_)
-# (input placements, every) -> the placements of that input's all/any over every
-# axis; () where the input has a Partial, which the general path reduces first.
-_WHOLE: dict = {}
-
-
-def _whole_placements(placements, every) -> tuple:
-    """Each Shard's mesh dim leaves a bool Partial of the reduction, a Replicate
-    stays; () for an input with a Partial."""
-    out = []
-    for p in placements:
-        if type(p) is Partial:
-            return ()
-        out.append(Partial("min" if every else "max") if p.is_shard() else Replicate())
-    if len(_WHOLE) > 256:
-        _WHOLE.clear()
-    return tuple(out)
-
-
-# Below this many elements a mask's reduce is as quick as the two flat passes.
-_UNIFORM_MIN_SIZE = 1 << 16
-
-
-def _logical_local(func, local, axes: tuple, keepdims: bool):
-    """``func`` (np.all or np.any) of a local array along ``axes``. A large boolean
-    one that holds one value only (the NaN mask of data without NaNs, as
-    scikit-learn's nan-aware extremes make it) gives that value everywhere: one
-    flat pass or two over its bytes says so, where NumPy's reduce along an outer
-    axis walks it row by row, several times slower. Local."""
-    if (type(local) is np.ndarray and local.dtype == np.bool_
-            and local.size >= max(_UNIFORM_MIN_SIZE, 1) and len(axes) < local.ndim):
-        value = False if not local.any() else True if local.all() else None
-        if value is not None:
-            shape = tuple(1 if i in axes else n for i, n in enumerate(local.shape)
-                          if keepdims or i not in axes)
-            return np.full(shape, value)
-    # The method: NumPy's function would only wrap it.
-    reduce = local.all if func is np.all else local.any
-    return reduce(axis=axes, keepdims=keepdims)
 
 
 # -- max and min over empty shards ---------------------------------------------------

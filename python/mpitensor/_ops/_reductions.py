@@ -3,13 +3,14 @@
 Each reduction registers its signature with the C dispatch at import: reduced dims
 sharded give a Partial of its reduce op (``sum``/``nansum`` -> Partial(sum),
 ``mean`` -> Partial(avg) for even shards only, ``prod`` -> Partial(product),
-``max``/``min`` -> Partial(max/min)), or, for the reductions whose partial results
-do not combine by a reduce op of the dtype (max/min of bool or complex values,
-which the core decides from the dtype), are gathered first; ``all``, ``any``,
-``std``, ``var``, ``argmax`` and ``argmin`` merge per-rank results instead
-(_merge.py): the method's door leaves them to Python when a reduced axis is
-sharded or a Partial must be reduced, so they come here. Partial inputs: sum and mean are linear (a Partial(sum|avg)
-passes through), max/min keep Partial(max/min), the others reduce it first.
+``max``/``min`` -> Partial(max/min), ``all``/``any`` -> a bool Partial(min/max)
+whatever the input's dtype), or, for the reductions whose partial results do not
+combine by a reduce op of the dtype (max/min of bool or complex values, which the
+core decides from the dtype), are gathered first; ``std``, ``var``, ``argmax`` and
+``argmin`` merge per-rank results instead (_merge.py): the method's door leaves
+them to Python when a reduced axis is sharded or a Partial must be reduced, so they
+come here. Partial inputs: sum and mean are linear (a Partial(sum|avg) passes
+through), max/min keep Partial(max/min), the others reduce it first.
 
 DTensor's methods (``dt.sum(axis=0)``) are the C base's doors into the executor;
 what they leave to Python (other keywords, ``out=``, the merged reductions) comes
@@ -29,23 +30,24 @@ from .._algorithms import _lanes, _merge
 from . import _deferring
 from ._inplace import write_result
 
-# name -> (NumPy function, DTensor method or None, reduce op (-1: gathered), partial
-#          rule, partial ops, even_only)
+# name -> (NumPy function, DTensor method or None, reduce op (-1: merged), partial
+#          rule, partial ops, even_only, logical: a bool result whatever the input)
 _RULES = {
-    "sum": (np.sum, "sum", D.R_SUM, D.P_LINEAR_ALL, 0, False),
-    "nansum": (np.nansum, None, D.R_SUM, D.P_NONE, 0, False),
-    "mean": (np.mean, "mean", D.R_AVG, D.P_LINEAR_ALL, 0, True),
-    "prod": (np.prod, "prod", D.R_PRODUCT, D.P_NONE, 0, False),
-    "max": (np.max, "max", D.R_MAX, D.P_SAME_OP, 1 << D.R_MAX, False),
-    "amax": (np.amax, None, D.R_MAX, D.P_SAME_OP, 1 << D.R_MAX, False),
-    "min": (np.min, "min", D.R_MIN, D.P_SAME_OP, 1 << D.R_MIN, False),
-    "amin": (np.amin, None, D.R_MIN, D.P_SAME_OP, 1 << D.R_MIN, False),
-    "all": (np.all, "all", -1, D.P_NONE, 0, False),
-    "any": (np.any, "any", -1, D.P_NONE, 0, False),
-    "argmax": (np.argmax, "argmax", -1, D.P_NONE, 0, False),
-    "argmin": (np.argmin, "argmin", -1, D.P_NONE, 0, False),
-    "std": (np.std, "std", -1, D.P_NONE, 0, False),
-    "var": (np.var, "var", -1, D.P_NONE, 0, False),
+    "sum": (np.sum, "sum", D.R_SUM, D.P_LINEAR_ALL, 0, False, False),
+    "nansum": (np.nansum, None, D.R_SUM, D.P_NONE, 0, False, False),
+    "mean": (np.mean, "mean", D.R_AVG, D.P_LINEAR_ALL, 0, True, False),
+    "prod": (np.prod, "prod", D.R_PRODUCT, D.P_NONE, 0, False, False),
+    "max": (np.max, "max", D.R_MAX, D.P_SAME_OP, 1 << D.R_MAX, False, False),
+    "amax": (np.amax, None, D.R_MAX, D.P_SAME_OP, 1 << D.R_MAX, False, False),
+    "min": (np.min, "min", D.R_MIN, D.P_SAME_OP, 1 << D.R_MIN, False, False),
+    "amin": (np.amin, None, D.R_MIN, D.P_SAME_OP, 1 << D.R_MIN, False, False),
+    # torch keeps a bool Partial for them: reading one all-reduces a byte an element
+    "all": (np.all, "all", D.R_MIN, D.P_NONE, 0, False, True),
+    "any": (np.any, "any", D.R_MAX, D.P_NONE, 0, False, True),
+    "argmax": (np.argmax, "argmax", -1, D.P_NONE, 0, False, False),
+    "argmin": (np.argmin, "argmin", -1, D.P_NONE, 0, False, False),
+    "std": (np.std, "std", -1, D.P_NONE, 0, False, False),
+    "var": (np.var, "var", -1, D.P_NONE, 0, False, False),
 }
 
 
@@ -152,21 +154,10 @@ def _moment(name):
 IMPLS = {}
 for _name in ("sum", "nansum", "mean", "prod"):
     IMPLS[_name] = _with_dtype(_name)
-for _name in ("max", "amax", "min", "amin"):
+
+
+for _name in ("max", "amax", "min", "amin", "all", "any"):
     IMPLS[_name] = _no_dtype(_name)
-
-
-def _logical(name):
-    def impl(a, axis=None, out=None, keepdims=False, **kwargs):
-        fname = f"numpy.{name}"
-        _check(fname, a, out, kwargs)
-        return _merge.logical(fname, a, axis, bool(keepdims), name == "all")
-    impl.__name__ = name
-    return impl
-
-
-for _name in ("all", "any"):
-    IMPLS[_name] = _logical(_name)
 for _name in ("argmax", "argmin"):
     IMPLS[_name] = _arg(_name)
 for _name in ("std", "var"):
@@ -265,12 +256,37 @@ _LANES_COLUMNS = 128
 # the other, which the fold repeats; below the size the fold's calls cost more.
 _FOLD_MAX_COLUMNS = 8
 _FOLD_MIN_SIZE = 1 << 13
+# Below this many elements a mask's reduce is as quick as the two flat passes.
+_UNIFORM_MIN_SIZE = 1 << 16
+
+
+def _local_logical(exact):
+    """ndarray.all/any on a local array, NumPy's value. A large boolean one that
+    holds one value only (the NaN mask of data without NaNs, as scikit-learn's
+    nan-aware extremes make it) gives that value everywhere: one flat pass or two
+    over its bytes says so, where NumPy's reduce along an outer axis walks it row
+    by row, several times slower."""
+    def local(a, axis=None, out=None, keepdims=False, *, where=True):
+        axes = () if axis is None else normalize_axis_tuple(axis, a.ndim)
+        if (out is None and where is True and type(a) is np.ndarray and a.dtype == np.bool_
+                and a.size >= max(_UNIFORM_MIN_SIZE, 1) and 0 < len(axes) < a.ndim):
+            value = False if not a.any() else True if a.all() else None
+            if value is not None:
+                shape = tuple(1 if i in axes else n for i, n in enumerate(a.shape)
+                              if keepdims or i not in axes)
+                return np.full(shape, value)
+        return exact(a, axis=axis, out=out, keepdims=keepdims, where=where)
+    return local
+
+
 # name -> (the local function, ndarray's method for the blocks it leaves alone).
 _LOCAL = {"sum": (_local_sum, np.ndarray.sum),
           "max": (_local_extreme(np.ndarray.max), np.ndarray.max),
           "amax": (_local_extreme(np.ndarray.max), np.ndarray.max),
           "min": (_local_extreme(np.ndarray.min), np.ndarray.min),
-          "amin": (_local_extreme(np.ndarray.min), np.ndarray.min)}
+          "amin": (_local_extreme(np.ndarray.min), np.ndarray.min),
+          "all": (_local_logical(np.ndarray.all), np.ndarray.all),
+          "any": (_local_logical(np.ndarray.any), np.ndarray.any)}
 
 
 def register_locals() -> None:
@@ -283,13 +299,14 @@ def register_locals() -> None:
     Example: ``register_locals()``.
     """
     extreme = min(_FOLD_MIN_SIZE, 2 * max(_LANES_MIN_ROWS, 1))
+    smallest = {"sum": _FOLD_MIN_SIZE, "all": _UNIFORM_MIN_SIZE, "any": _UNIFORM_MIN_SIZE}
     for name, (local, method) in _LOCAL.items():
-        _C.set_reduction_local(_RULES[name][0], local, method,
-                               _FOLD_MIN_SIZE if name == "sum" else extreme)
+        _C.set_reduction_local(_RULES[name][0], local, method, smallest.get(name, extreme))
 
 
-for _name, (_func, _method, _op, _rule, _ops, _even) in _RULES.items():
+for _name, (_func, _method, _op, _rule, _ops, _even, _logical) in _RULES.items():
     _registry.implements(_func)(_keepdim(IMPLS[_name]))
-    _C.register_reduction(_func, _method, _op, _rule, _ops, _even, _registry.call_label(_func))
+    _C.register_reduction(_func, _method, _op, _rule, _ops, _even, _logical,
+                          _registry.call_label(_func))
 register_locals()
 _registry.implements(np.linalg.norm)(_merge.norm)

@@ -182,21 +182,24 @@ MT_EXPORT int mt_dimmap_join(int ninputs, const int *ndim,
 
 /* What a reduction does when the dims it reduces are sharded. `reduce_op` is the
  * mt_reduce_op the partial results combine with (the reduced labels are REDUCE),
- * or -1 when they do not combine (REPLICATE: all, any, argmax, std, ...);
+ * or -1 when they do not combine (REPLICATE: argmax, std, ...);
  * `partial_rule` and `partial_ops` treat Partial inputs as in mt_dimmap;
- * `even_only` asks for equal shards of the reduced dims (mean). */
+ * `even_only` asks for equal shards of the reduced dims (mean); `logical` marks
+ * all and any, whose bool results combine by their min and max whatever the
+ * input's dtype, and whose empty block gives their identity. */
 typedef struct mt_reduction_rule {
   int reduce_op;
   int partial_rule;
   uint32_t partial_ops;
   int even_only;
+  int logical;
 } mt_reduction_rule;
 
 /* Local. The dim map of a reduction by `rule` of an ndim-d input over the dims in
  * the bitmask `axes`: kept dims are KEEP; with `keepdims` each reduced dim stays
  * as a new sized REPLICATE label of size 1. Max and min of bool or complex values
- * (`dtype`, an mt_dtype code) have no reduction over MPI, so their reduced dims
- * are REPLICATE and Partials are reduced first. Axes beyond ndim are MT_EINVAL. */
+ * (`dtype`, an mt_dtype code; not a `logical` rule's) are not combined here, so
+ * their reduced dims are REPLICATE and Partials are reduced first. Axes beyond ndim are MT_EINVAL. */
 int mt_dimmap_reduction(const mt_reduction_rule *rule, int ndim, uint32_t axes,
                         int keepdims, int dtype, mt_dimmap *out, mt_error *err);
 
