@@ -267,6 +267,40 @@ int mt_dimmap_join(int ninputs, const int *ndim, const int64_t (*shape)[MT_MAX_N
   return rc;
 }
 
+int mt_dimmap_stack(int ninputs, const int *ndim, const int64_t (*shape)[MT_MAX_NDIM],
+                    int axis, mt_dimmap *out, mt_error *err) {
+  if (ninputs < 1 || ninputs > MT_PROP_MAX_INPUTS)
+    return mt__fail(err, MT_EINVAL, "a stack takes 1 to %d inputs, got %d",
+                    MT_PROP_MAX_INPUTS, ninputs);
+  const int n = ndim[0];
+  if (n < 0 || n >= MT_MAX_NDIM || axis < 0 || axis > n)
+    return mt__fail(err, MT_EINVAL, "cannot stack %d-dim inputs along a new axis %d", n, axis);
+  mt_dimmap map;
+  memset(&map, 0, sizeof map);
+  map.ninputs = ninputs, map.out_ndim = n + 1, map.nlabels = n + 1;
+  for (int t = 0; t < ninputs; ++t) {
+    int same = ndim[t] == n;
+    for (int k = 0; same && k < n; ++k) same = shape[t][k] == shape[0][k];
+    if (!same) return mt__fail(err, MT_EINVAL, "all input arrays must have the same shape");
+    map.in_ndim[t] = n;
+    for (int k = 0; k < n; ++k) map.in_labels[t][k] = k;
+  }
+  for (int k = 0; k <= n; ++k) map.out_labels[k] = k < axis ? k : k == axis ? n : k - 1;
+  map.label_kind[n] = MT_LABEL_REPLICATE;
+  map.partial_rule = MT_PARTIAL_ADDITIVE;
+  map.sized_labels = 1u << n, map.label_size[n] = ninputs;
+  int rc = mt_dimmap_check(&map, err);
+  if (rc == MT_OK) *out = map;
+  return rc;
+}
+
+/* The one dim of a join's or a stack's `axes`, or -1. */
+static int one_axis(uint32_t axes) {
+  for (int axis = 0; axis < MT_MAX_NDIM; ++axis)
+    if (axes == 1u << axis) return axis;
+  return -1;
+}
+
 int mt_op_dimmap(const mt_op_sig *sig, const mt_op_args *args, const mt_prop_inputs *in,
                  int dtype, mt_dimmap *out, mt_error *err) {
   const int n = in->ninputs;
@@ -287,12 +321,13 @@ int mt_op_dimmap(const mt_op_sig *sig, const mt_op_args *args, const mt_prop_inp
       if (n != 1) return mt__fail(err, MT_EINVAL, "a reduction takes one tensor");
       return mt_dimmap_reduction(&sig->rule, in->ndim[0], args->axes, args->keepdims, dtype,
                                  out, err);
-    case MT_OP_JOIN: {
-      int axis = 0;
-      while (axis < MT_MAX_NDIM && args->axes != 1u << axis) ++axis;
-      if (axis == MT_MAX_NDIM) return mt__fail(err, MT_EINVAL, "a join has one axis");
-      return mt_dimmap_join(n, in->ndim, (const int64_t(*)[MT_MAX_NDIM])in->shape, axis, out,
-                            err);
+    case MT_OP_JOIN:
+    case MT_OP_STACK: {
+      int axis = one_axis(args->axes);
+      if (axis < 0) return mt__fail(err, MT_EINVAL, "a join or a stack has one axis");
+      const int64_t(*shape)[MT_MAX_NDIM] = (const int64_t(*)[MT_MAX_NDIM])in->shape;
+      return sig->family == MT_OP_JOIN ? mt_dimmap_join(n, in->ndim, shape, axis, out, err)
+                                       : mt_dimmap_stack(n, in->ndim, shape, axis, out, err);
     }
     default:
       return mt__fail(err, MT_EINVAL, "Unknown operation family %d", sig->family);

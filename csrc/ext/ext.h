@@ -216,8 +216,9 @@ typedef struct mt_ext_sig {
    * its local function; lanes_axis the axis when the call gives none
    * (MT_EXT_NO_AXIS: the call must give one). */
   int lanes, lanes_axis;
-  /* func(arrays, axis) joins DTensors along an existing axis (register_join),
-   * `method` its local function: method(*blocks, axis). */
+  /* func(arrays, axis) joins DTensors along an existing axis, or a new one
+   * (op.family MT_OP_STACK) (register_join), `method` its local function:
+   * method(*blocks, axis). */
   int join;
   int int_axis;   /* reduction: axis is an int or None (argmax, argmin) */
   int user_rule;  /* a user's register_sharding rule: the Python door runs it */

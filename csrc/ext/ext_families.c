@@ -7,7 +7,8 @@
  *   lanes        np.sort, np.cumsum, np.flip along an      register_lanes
  *                axis no mesh dim shards
  *   join         np.concatenate along an axis no mesh dim  register_join
- *                shards (the core's mt_dimmap_join)
+ *                shards (the core's mt_dimmap_join), and
+ *                np.stack along a new axis (mt_dimmap_stack)
  *
  * Each is agreed on first (a program's call), then run by the executor when its
  * operands are what the family reads; what it declines before the agreement its
@@ -212,9 +213,11 @@ static PyObject *lanes_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject 
  * this rank a member, none of them one the door would take (mt_ext_door_operand)
  * or Partial, of the same number of dims and the same other dims, joined along an
  * int axis in range (positional or axis=, else 0) that no mesh dim shards; else -1
- * (no exception): the entry's call, which also raises NumPy's errors. */
-static int join_axis(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs,
-                     PyObject **arrays) {
+ * (no exception): the entry's call, which also raises NumPy's errors. A stack
+ * (np.stack) asks the same of a new axis, in range of the output's dims, and the
+ * same shapes throughout. */
+static int join_axis(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,
+                     PyObject *kwargs, PyObject **arrays) {
   Py_ssize_t nargs = PyTuple_GET_SIZE(args), nkw = PyDict_GET_SIZE(kwargs);
   *arrays = nargs >= 1 ? PyTuple_GET_ITEM(args, 0) : NULL;
   if (*arrays == NULL || nargs + nkw > 2 ||
@@ -237,13 +240,16 @@ static int join_axis(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs,
   if (spec0 == NULL || !mt_ext_spec_mesh(d, spec0)->member) return -1;
   PyObject *shape0 = PyTuple_GET_ITEM(spec0, 2);
   Py_ssize_t ndim = PyTuple_GET_SIZE(shape0);
+  const int stack = sig->op.family == MT_OP_STACK;
+  Py_ssize_t out_ndim = ndim + stack;
   long ax = axis == NULL ? 0 : PyLong_AsLong(axis);
   if (ax == -1 && PyErr_Occurred()) {
     PyErr_Clear();
     return -1;
   }
-  if (ndim == 0 || ax < -ndim || ax >= ndim) return -1;
-  if (ax < 0) ax += ndim;
+  if ((ndim == 0 && !stack) || out_ndim > MT_MAX_NDIM || ax < -out_ndim || ax >= out_ndim)
+    return -1;
+  if (ax < 0) ax += out_ndim;
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject *x = items[i];
     if (Py_TYPE(x) != d->dtensor || mt_ext_door_operand(d, x)) return -1;
@@ -252,23 +258,24 @@ static int join_axis(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs,
         PyTuple_GET_SIZE(shape) != ndim)
       return -1;
     for (Py_ssize_t k = 0; k < ndim; ++k)
-      if (k != ax && PyObject_RichCompareBool(PyTuple_GET_ITEM(shape, k),
-                                              PyTuple_GET_ITEM(shape0, k), Py_EQ) != 1) {
+      if ((k != ax || stack) && PyObject_RichCompareBool(PyTuple_GET_ITEM(shape, k),
+                                                         PyTuple_GET_ITEM(shape0, k),
+                                                         Py_EQ) != 1) {
         PyErr_Clear();
         return -1;
       }
-    if (!whole_along(d, spec, ax)) return -1;
+    if (!whole_along(d, spec, stack ? -1 : ax)) return -1;
   }
   return (int)ax;
 }
 
-/* np.concatenate(arrays, axis) of a join function: agreed, then run by the
- * executor on the blocks, where nothing moves, when join_axis says it may; else,
- * agreed, by the Python door. */
+/* np.concatenate(arrays, axis) or np.stack(arrays, axis) of a join function:
+ * agreed, then run by the executor on the blocks, where nothing moves, when
+ * join_axis says it may; else, agreed, by the Python door. */
 static PyObject *join_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,
                            PyObject *kwargs, PyObject *caller) {
   PyObject *arrays = NULL;
-  int ax = join_axis(d, args, kwargs, &arrays);
+  int ax = join_axis(d, sig, args, kwargs, &arrays);
   if (ax < 0) Py_RETURN_NOTIMPLEMENTED;
   if (mt_ext_agree_on(d, sig, args, kwargs, caller) < 0) return NULL;
   PyObject *axis = PyLong_FromLong(ax);

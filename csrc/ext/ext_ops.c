@@ -129,16 +129,19 @@ static PyObject *register_lanes(PyObject *module, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* register_join(func, local, label) */
+/* register_join(func, local, label[, new_axis]) */
 static PyObject *register_join(PyObject *module, PyObject *args) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
   PyObject *func, *local, *label;
-  if (!PyArg_ParseTuple(args, "OOU:register_join", &func, &local, &label)) return NULL;
+  int new_axis = 0;
+  if (!PyArg_ParseTuple(args, "OOU|p:register_join", &func, &local, &label, &new_axis))
+    return NULL;
   if (!PyCallable_Check(local))
-    return PyErr_Format(PyExc_TypeError, "register_join(func, local: callable, label: str)");
+    return PyErr_Format(PyExc_TypeError,
+                        "register_join(func, local: callable, label: str[, new_axis])");
   mt_ext_sig *sig = add_sig(d, func, label);
   if (sig == NULL) return NULL;
-  sig->op.family = MT_OP_JOIN, sig->op.rule.reduce_op = -1;
+  sig->op.family = new_axis ? MT_OP_STACK : MT_OP_JOIN, sig->op.rule.reduce_op = -1;
   sig->nout = 1, sig->join = 1;
   Py_XSETREF(sig->method, Py_NewRef(local));
   Py_RETURN_NONE;
@@ -155,6 +158,37 @@ static PyObject *concatenate_blocks(PyObject *Py_UNUSED(module), PyObject *const
   PyObject *blocks = PyTuple_New(n - 1);
   for (Py_ssize_t i = 0; blocks != NULL && i < n - 1; ++i)
     PyTuple_SET_ITEM(blocks, i, Py_NewRef(a[i]));
+  PyObject *out = blocks != NULL ? PyArray_Concatenate(blocks, (int)axis) : NULL;
+  Py_XDECREF(blocks);
+  return out;
+}
+
+/* stack_blocks(*blocks, axis): see the method table. */
+static PyObject *stack_blocks(PyObject *Py_UNUSED(module), PyObject *const *a, Py_ssize_t n) {
+  if (n < 2) return PyErr_Format(PyExc_TypeError, "stack_blocks(*blocks, axis)");
+  long axis = PyLong_AsLong(a[n - 1]);
+  if (axis == -1 && PyErr_Occurred()) return NULL;
+  PyObject *blocks = PyTuple_New(n - 1);
+  for (Py_ssize_t i = 0; blocks != NULL && i < n - 1; ++i) {
+    if (!PyArray_Check(a[i])) {
+      Py_DECREF(blocks);
+      return PyErr_Format(PyExc_TypeError, "stack_blocks: block %zd is no ndarray", i);
+    }
+    PyArrayObject *b = (PyArrayObject *)a[i];
+    int nd = PyArray_NDIM(b);
+    if (axis < 0 || axis > nd || nd >= NPY_MAXDIMS) {
+      Py_DECREF(blocks);
+      return PyErr_Format(PyExc_ValueError, "stack_blocks: axis %ld of %d-dim blocks", axis,
+                          nd);
+    }
+    /* The block with a dim of one at `axis`: a view, whatever its strides. */
+    npy_intp dims[NPY_MAXDIMS];
+    for (int k = 0, j = 0; k <= nd; ++k) dims[k] = k == axis ? 1 : PyArray_DIM(b, j++);
+    PyArray_Dims shape = {dims, nd + 1};
+    PyObject *view = PyArray_Newshape(b, &shape, NPY_CORDER);
+    if (view == NULL) Py_CLEAR(blocks);
+    else PyTuple_SET_ITEM(blocks, i, view);
+  }
   PyObject *out = blocks != NULL ? PyArray_Concatenate(blocks, (int)axis) : NULL;
   Py_XDECREF(blocks);
   return out;
@@ -335,15 +369,19 @@ PyMethodDef mt_ext_ops_methods[] = {
      "Example: _C.register_lanes(numpy.cumsum, numpy.ndarray.cumsum, None, "
      "'numpy.cumsum')"},
     {"register_join", register_join, METH_VARARGS,
-     "register_join(func, local, label): func(arrays, axis) joins DTensors along an "
-     "existing axis (numpy.concatenate), local(*blocks, axis) joins the blocks. The "
-     "executor runs _C.execute(func, arrays, axis=axis) with the core's join dim map "
-     "(mt_dimmap_join: each input's axis whole, the output's as long as theirs "
-     "together), and "
-     "executor_call takes a call of DTensors of one mesh, of the same other dims, "
-     "joined along an int axis that no mesh dim shards, without Partials. Local.\n\n"
-     "Example: _C.register_join(numpy.concatenate, _C.concatenate_blocks, "
-     "'numpy.concatenate')"},
+     "register_join(func, local, label[, new_axis]): func(arrays, axis) joins DTensors "
+     "along an existing axis (numpy.concatenate), or with new_axis along a new one "
+     "(numpy.stack); local(*blocks, axis) joins the blocks. The executor runs "
+     "_C.execute(func, arrays, axis=axis) with the core's dim map (mt_dimmap_join: each "
+     "input's axis whole, the output's as long as theirs together; mt_dimmap_stack: "
+     "the new axis as long as the inputs are many), and executor_call takes a call of "
+     "DTensors of one mesh, of the same other dims, joined along an int axis that no "
+     "mesh dim shards, without Partials. Local.\n\n"
+     "Example: _C.register_join(numpy.stack, _C.stack_blocks, 'numpy.stack', True)"},
+    {"stack_blocks", (PyCFunction)(void (*)(void))stack_blocks, METH_FASTCALL,
+     "stack_blocks(*blocks, axis) -> NumPy's stack of the ndarrays `blocks` along a new "
+     "`axis` (normalised), through NumPy's C API (a stack's local function). Local.\n\n"
+     "Example: _C.stack_blocks(a, b, 0)"},
     {"concatenate_blocks", (PyCFunction)(void (*)(void))concatenate_blocks, METH_FASTCALL,
      "concatenate_blocks(*blocks, axis) -> NumPy's concatenate of the ndarrays `blocks` "
      "along `axis`, through NumPy's C API (a join's local function). Local.\n\n"

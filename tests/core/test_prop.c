@@ -1895,6 +1895,44 @@ static void test_builder_join(void) {
   CHECK(mt_dimmap_join(2, ndim, shape, -1, &m, NULL) == MT_EINVAL);
 }
 
+/* The stack of np.stack: the inputs' dims shared, the new output dim a whole
+ * label as long as the inputs are many, at the axis asked (the last included);
+ * the shapes must agree, the axis be in 0..ndim. */
+static void test_builder_stack(void) {
+  const int ndim[3] = {2, 2, 2};
+  const int64_t shape[3][MT_MAX_NDIM] = {{4, 3}, {4, 3}, {4, 3}};
+  mt_error err = {0, ""};
+  for (int axis = 0; axis <= 2; ++axis) {
+    mt_dimmap m;
+    CHECK_MSG(mt_dimmap_stack(3, ndim, shape, axis, &m, &err) == MT_OK, "stack: %s", err.msg);
+    CHECK(m.ninputs == 3 && m.out_ndim == 3 && m.nlabels == 3);
+    CHECK(m.out_labels[axis] == 2 && m.label_kind[2] == MT_LABEL_REPLICATE);
+    CHECK(m.sized_labels == 1u << 2 && m.label_size[2] == 3);
+    for (int t = 0; t < 3; ++t) CHECK(m.in_labels[t][0] == 0 && m.in_labels[t][1] == 1);
+    for (int k = 0, j = 0; k < 3; ++k)
+      if (k != axis)
+        CHECK(m.out_labels[k] == j++ && m.label_kind[m.out_labels[k]] == MT_LABEL_KEEP);
+    CHECK(m.partial_rule == MT_PARTIAL_ADDITIVE);
+  }
+  mt_dimmap m;
+  const int64_t other[2][MT_MAX_NDIM] = {{4, 3}, {4, 2}};
+  CHECK(mt_dimmap_stack(2, ndim, other, 0, &m, &err) == MT_EINVAL &&
+        strstr(err.msg, "same shape") != NULL);
+  const int ranks[2] = {2, 1};
+  CHECK(mt_dimmap_stack(2, ranks, shape, 0, &m, NULL) == MT_EINVAL);
+  CHECK(mt_dimmap_stack(2, ndim, shape, 3, &m, NULL) == MT_EINVAL);
+  CHECK(mt_dimmap_stack(2, ndim, shape, -1, &m, NULL) == MT_EINVAL);
+  /* through the op family, as the executor asks */
+  const mt_op_sig sig = {MT_OP_STACK, 0, {0, 0, 0, 0, 0}};
+  const mt_op_args args = {2, 3u, 1u << 2, 0};
+  mt_prop_inputs in;
+  memset(&in, 0, sizeof in);
+  in.ninputs = 2, in.ndim[0] = in.ndim[1] = 2;
+  in.shape[0][0] = in.shape[1][0] = 4, in.shape[0][1] = in.shape[1][1] = 3;
+  CHECK(mt_op_dimmap(&sig, &args, &in, MT_DTYPE_FLOAT64, &m, NULL) == MT_OK &&
+        m.out_ndim == 3 && m.out_labels[2] == 2 && m.label_size[2] == 2);
+}
+
 /* Field by field: the reference map of map_reduce and the built one. */
 static int same_reduction(const mt_dimmap *a, const mt_dimmap *b) {
   int same = a->nlabels == b->nlabels && a->out_ndim == b->out_ndim &&
@@ -2283,6 +2321,7 @@ int main(int argc, char **argv) {
   test_builder_elementwise();
   test_builder_matmul();
   test_builder_join();
+  test_builder_stack();
   test_builder_reduction();
   test_random();
   test_map_errors();

@@ -495,6 +495,42 @@ def test_concatenate_along_an_unsharded_axis_runs_in_c_else_in_its_entry(mesh, m
     assert entered == ["concatenate"]
 
 
+def test_stack_of_one_layout_runs_in_c_else_in_its_entry(mesh, monkeypatch):
+    """np.stack of DTensors of one mesh, one shape and one layout, without Partials,
+    along any new axis, is agreed and run in one C call, the entry never entered,
+    NumPy's promotion kept and the inputs' Shards kept on their dims; with another
+    keyword, of a Partial or of a single array, the entry runs, C agreeing on
+    nothing first; of shapes that differ, NumPy's ValueError on every rank. Either
+    way, NumPy's answer."""
+    from mpitensor import _registry
+    entered = []
+    entry = _registry.functions[np.stack]
+    monkeypatch.setitem(_registry.functions, np.stack, lambda *a, **k: (
+        entered.append("stack"), entry(*a, **k))[1])
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((2 * W, 3)), rng.standard_normal((2 * W, 3))
+    f = b.astype(np.float32)
+    x, y = (mt.distribute_tensor(v, mesh, [Shard(0)]) for v in (a, b))
+    z = mt.distribute_tensor(f, mesh, [Shard(0)])
+    r = mt.distribute_tensor(a, mesh, [Replicate()])
+    p = make(a, mesh, [Partial("sum")])
+    in_c = [(lambda: np.stack((x, y)), np.stack((a, b))),
+            (lambda: np.stack([x, y, z], 1), np.stack([a, b, f], 1)),
+            (lambda: np.stack((x, y), axis=-1), np.stack((a, b), axis=-1)),
+            (lambda: np.stack((x, y), axis=2), np.stack((a, b), axis=2)),
+            (lambda: np.stack((r, r), -3), np.stack((a, a), -3))]
+    in_entry = [(lambda: np.stack((x, y), out=None), np.stack((a, b), out=None)),
+                (lambda: np.stack((p, p), 1), np.stack((a, a), 1)),
+                (lambda: np.stack((x,)), np.stack((a,)))]
+    in_c_or_entry(in_c, in_entry, entered)
+    assert np.stack((x, y)).placements == (Shard(1),)
+    assert np.stack((x, y), 2).placements == (Shard(0),)
+    entered[:] = []
+    with pytest.raises(ValueError, match="same shape"):
+        np.stack((x, mt.distribute_tensor(a[:, :2], mesh, [Shard(0)])))
+    assert entered == ["stack"]
+
+
 def test_astype_that_moves_nothing_runs_in_c_else_in_its_entry(mesh, monkeypatch):
     """x.astype(dtype) of a bool or number dtype is agreed and run in one C call
     when nothing moves, each dtype decided apart; a Partial (which an exact cast

@@ -180,6 +180,15 @@ MT_EXPORT int mt_dimmap_join(int ninputs, const int *ndim,
                              const int64_t (*shape)[MT_MAX_NDIM], int axis, mt_dimmap *out,
                              mt_error *err);
 
+/* Local. The dim map of stacking `ninputs` tensors (1 to MT_PROP_MAX_INPUTS) of one
+ * shape along a new dim `axis` of the output (np.stack): the inputs' dims are
+ * shared KEEP labels, the new one a REPLICATE label as long as the inputs are
+ * many. Stacking is linear: torch's ADDITIVE rule keeps Partials. Inputs of
+ * other shapes, or an axis outside 0..ndim, are MT_EINVAL. */
+MT_EXPORT int mt_dimmap_stack(int ninputs, const int *ndim,
+                              const int64_t (*shape)[MT_MAX_NDIM], int axis, mt_dimmap *out,
+                              mt_error *err);
+
 /* What a reduction does when the dims it reduces are sharded. `reduce_op` is the
  * mt_reduce_op the partial results combine with (the reduced labels are REDUCE),
  * or -1 when they do not combine (REPLICATE: argmax, std, ...);
@@ -209,7 +218,8 @@ typedef enum mt_op_family {
   MT_OP_ELEMENTWISE = 0, /* `kind`: an mt_elementwise_kind */
   MT_OP_MATMUL = 1,
   MT_OP_REDUCTION = 2, /* `rule` */
-  MT_OP_JOIN = 3       /* np.concatenate: mt_dimmap_join along the one dim of `axes` */
+  MT_OP_JOIN = 3,      /* np.concatenate: mt_dimmap_join along the one dim of `axes` */
+  MT_OP_STACK = 4      /* np.stack: mt_dimmap_stack along the one dim of `axes` */
 } mt_op_family;
 
 typedef struct mt_op_sig {
@@ -220,7 +230,7 @@ typedef struct mt_op_sig {
 
 /* What one call adds to the shapes: elementwise, the operand count and the bitmask
  * of the tensor operands (the inputs); a reduction, the reduced dims and keepdims;
- * a join, its one dim in `axes`. */
+ * a join or a stack, its one dim in `axes`. */
 typedef struct mt_op_args {
   int noperands;
   uint32_t tensors;
