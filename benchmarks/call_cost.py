@@ -42,11 +42,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -86,16 +83,14 @@ def calls(mt, np, mesh):
     }
 
 
-def worker(out: str, reps: int, inner: int) -> None:
-    """Times every call under MPI and writes {name: median overhead in us}."""
-    import numpy as np
+def overheads(comm, table: dict, reps: int, inner: int) -> dict:
+    """{name: median over ``reps`` repetitions of the DTensor call's time minus the
+    local call's, in us}, for ``table`` as calls() gives it. Each repetition times
+    ``inner`` back-to-back calls of each, interleaved, after a Barrier, each time
+    the max over ranks. Collective."""
     from mpi4py import MPI
-
-    import mpitensor as mt
-    comm = MPI.COMM_WORLD
-    mesh = mt.init_device_mesh("cpu", (comm.size,))
-    table = {}
-    for name, (ours, theirs) in calls(mt, np, mesh).items():
+    out = {}
+    for name, (ours, theirs) in table.items():
         ours(), theirs()
         diffs = []
         for r in range(reps + 2):
@@ -111,43 +106,32 @@ def worker(out: str, reps: int, inner: int) -> None:
             d = comm.allreduce(spent[0], op=MPI.MAX) - comm.allreduce(spent[1], op=MPI.MAX)
             if r >= 2:
                 diffs.append(d * 1e6)
-        table[name] = statistics.median(diffs)
+        out[name] = statistics.median(diffs)
+    return out
+
+
+def checkout_machine(comm, checkout: str) -> dict:
+    """machine() with the commit of the checkout whose mpitensor runs, not of the
+    script's (the driver runs this script with each checkout's Python)."""
     sys.path.insert(0, str(HERE))
     from _common import git_revision, machine
     info = machine(comm)
-    # the commit of the checkout whose mpitensor ran, not of this script's
-    info["commit"] = git_revision(str(Path(mt.__file__).resolve().parents[2]))
+    info["commit"] = git_revision(checkout)
+    return info
+
+
+def worker(out: str, checkout: str, reps: int, inner: int) -> None:
+    """Times every call under MPI and writes {name: median overhead in us}."""
+    import numpy as np
+    from mpi4py import MPI
+
+    import mpitensor as mt
+    comm = MPI.COMM_WORLD
+    mesh = mt.init_device_mesh("cpu", (comm.size,))
+    table = overheads(comm, calls(mt, np, mesh), reps, inner)
+    info = checkout_machine(comm, checkout)
     if comm.rank == 0:
         Path(out).write_text(json.dumps({"machine": info, "table": table}))
-
-
-def run_round(python: Path, nprocs: int, reps: int, inner: int) -> dict:
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        out = f.name
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
-               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
-    subprocess.run(["mpiexec", "-n", str(nprocs), str(python), "-m", "mpi4py", __file__,
-                    "--worker", out, "--reps", str(reps), "--inner", str(inner)],
-                   check=True, env=env, cwd=HERE.parent)
-    result = json.loads(Path(out).read_text())
-    os.unlink(out)
-    return result
-
-
-def driver_checkouts(base: Path | None) -> dict:
-    """{"this": this checkout, "base": ``base``} (no "base" when None), for a driver
-    that starts one worker per checkout with that checkout's ``.venv``; the driver
-    itself must not start MPI, so it is kept from doing so here. Local.
-
-    Example: ``for key, root in driver_checkouts(args.base).items(): ...``.
-    """
-    import mpi4py
-    mpi4py.rc.initialize = False
-    sys.path.insert(0, str(HERE))
-    checkouts = {"this": HERE.parent}
-    if base is not None:
-        checkouts["base"] = base.resolve()
-    return checkouts
 
 
 def main() -> int:
@@ -159,34 +143,24 @@ def main() -> int:
     ap.add_argument("--base", type=Path, default=None,
                     help="another checkout with its own .venv, timed alternately")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--checkout", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.worker:
-        worker(args.worker, args.reps, args.inner)
+        worker(args.worker, args.checkout, args.reps, args.inner)
         return 0
+    sys.path.insert(0, str(HERE))
+    from _checkouts import alternate, driver_checkouts, over_rounds, print_rows
     checkouts = driver_checkouts(args.base)
     from _common import machine_line, result_path, write_result
-    rounds = {k: [] for k in checkouts}
-    for _ in range(args.rounds):
-        for key, root in checkouts.items():
-            rounds[key].append(run_round(root / ".venv" / "bin" / "python", args.np,
-                                         args.reps, args.inner))
+    rounds = alternate(checkouts, args.rounds, args.np, __file__,
+                       ["--reps", args.reps, "--inner", args.inner])
     info = rounds["this"][0]["machine"]
     info["base_commit"] = rounds["base"][0]["machine"]["commit"] if "base" in rounds else None
     print(machine_line(info) + (f"; base commit {info['base_commit']}" if "base" in rounds
                                 else ""))
-    rows = []
-    for name in rounds["this"][0]["table"]:
-        row = {"call": name}
-        for key in checkouts:
-            v = [r["table"][name] for r in rounds[key] if name in r["table"]]
-            row[key] = {"median": statistics.median(v), "min": min(v), "max": max(v)}
-        rows.append(row)
-    print(f"{'call':22s}" + "".join(f"{k + ' (us over NumPy)':>30s}" for k in checkouts))
-    for row in rows:
-        print(f"{row['call']:22s}" + "".join(
-            f"{row[k]['median']:8.2f} [{row[k]['min']:.2f}..{row[k]['max']:.2f}]".rjust(30)
-            for k in checkouts))
+    rows = over_rounds(rounds, "table")
+    print_rows(rows, checkouts, "us over NumPy")
     out = args.out or result_path(f"call_cost-np{args.np}.json")
     write_result(out, {"machine": info, "rounds": args.rounds, "rows": rows})
     print(f"wrote {out}")

@@ -41,7 +41,7 @@ def _step(f):
     return lambda acc, _: f()
 
 
-def worker(out: str, calls: int) -> None:
+def worker(out: str, checkout: str, calls: int) -> None:
     """Runs every call of call_cost.calls ``calls`` times in its own reduce (ours,
     then NumPy's), in the order the driver reads the dumps; writes the order and
     the machine record to ``out``."""
@@ -50,8 +50,7 @@ def worker(out: str, calls: int) -> None:
 
     import mpitensor as mt
     sys.path.insert(0, str(HERE))
-    from _common import git_revision, machine
-    from call_cost import calls as call_table
+    from call_cost import calls as call_table, checkout_machine
     mesh = mt.init_device_mesh("cpu", (1,))
     order = []
     for name, (ours, theirs) in call_table(mt, np, mesh).items():
@@ -60,8 +59,7 @@ def worker(out: str, calls: int) -> None:
                 f()
             functools.reduce(_step(f), range(calls), None)
             order.append((name, variant))
-    info = machine(MPI.COMM_WORLD)
-    info["commit"] = git_revision(str(Path(mt.__file__).resolve().parents[2]))
+    info = checkout_machine(MPI.COMM_WORLD, checkout)
     Path(out).write_text(json.dumps({"machine": info, "order": order}))
 
 
@@ -75,7 +73,7 @@ def count(python: Path, root: Path, calls: int) -> dict:
         subprocess.run(["valgrind", "--tool=callgrind", "--collect-atstart=no",
                         "--toggle-collect=functools_reduce", "--dump-after=functools_reduce",
                         f"--callgrind-out-file={tmp}/cg", str(python), __file__,
-                        "--worker", out, "--calls", str(calls)],
+                        "--worker", out, "--checkout", str(root), "--calls", str(calls)],
                        check=True, env=env, cwd=root, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
         result = json.loads(Path(out).read_text())
@@ -102,12 +100,13 @@ def main() -> int:
     ap.add_argument("--base", type=Path, default=None,
                     help="another checkout with its own .venv, counted alike")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--checkout", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.worker:
-        worker(args.worker, args.calls)
+        worker(args.worker, args.checkout, args.calls)
         return 0
-    from call_cost import driver_checkouts  # benchmarks/ is sys.path[0]
+    from _checkouts import driver_checkouts  # benchmarks/ is sys.path[0]
     checkouts = driver_checkouts(args.base)
     from _common import machine_line, result_path, write_result
     counted = {k: count(root / ".venv" / "bin" / "python", root, args.calls)

@@ -37,18 +37,41 @@ that call minus the median NumPy time of the op. With --torch, torch's miss clea
 its sharding-propagation caches the same way (where they exist).
 
 Writes benchmarks/results/<cpu>/dispatch-np{N}[-torch].json.
+
+Two checkouts side by side, not under mpiexec::
+
+    python benchmarks/dispatch.py --base ../base [--np 2] [--rounds 5]
+
+runs, for this checkout and for ``--base`` in turn (each with its own ``.venv``, one
+job of ``--np`` ranks per checkout and round; benchmarks/_checkouts.py), the calls
+and programs a change of the dispatch must not slow: the cached ``a + b``,
+``np.sum(x, axis=1)`` and ``np.concatenate`` on 8 x 8 ``[Shard(0)]`` operands, in
+microseconds over NumPy's call on the local block (call_cost.py's timing);
+``np.linalg.solve`` of a row-sharded ``--solve-n`` square float64 matrix and a
+vector, and one training step (forward, backward, AdamW) of each checkout's own
+examples/train_gpt.py GPT at ``--hidden`` with all ranks on ``tp``, in
+milliseconds, the median of ``--whole-reps`` repetitions (each the slowest rank's).
+The table gives the median and range over rounds. Writes
+benchmarks/results/<cpu>/dispatch_base-np{N}.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import statistics
 import sys
 import time
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
+
+if "--base" in sys.argv:
+    # The driver of the checkouts' jobs: they start MPI, this process must not.
+    import mpi4py
+    mpi4py.rc.initialize = False
 from mpi4py import MPI
 
 import mpitensor as mt
@@ -235,6 +258,83 @@ def plan_for(op, n, args):
     return args.reps_large, 1
 
 
+# The calls of call_cost.py that a change of the dispatch is judged by.
+SIDE_CALLS = ("a + b", "np.sum(x, axis=1)", "np.concatenate")
+
+
+def whole_programs(comm, mesh, checkout: str, solve_n: int, hidden: int, reps: int) -> dict:
+    """{name: median ms over ``reps`` repetitions}: ``np.linalg.solve`` of a
+    row-sharded ``solve_n`` matrix, its answer checked, and one training step of
+    ``checkout``'s own examples/train_gpt.py GPT on ``mesh``. Collective."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((solve_n, solve_n))
+    a[np.diag_indices(solve_n)] += solve_n  # well conditioned: the check is tight
+    b = rng.standard_normal(solve_n)
+    da = mt.distribute_tensor(a, mesh, [Shard(0)])
+    db = mt.distribute_tensor(b, mesh, [Shard(0)])
+    x = np.linalg.solve(da, db).full_tensor()
+    if np.linalg.norm(a @ x - b) > 1e-10 * np.linalg.norm(b) * solve_n:
+        raise SystemExit("np.linalg.solve: a wrong answer")
+    spec = importlib.util.spec_from_file_location(
+        "train_gpt", Path(checkout) / "examples" / "train_gpt.py")
+    G = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(G)
+    data = G.CharData()
+    cfg = G.Config(dim=hidden, heads=max(1, hidden // 64), layers=2, seq=256, batch=2,
+                   vocab=data.vocab, dtype=np.float32, clip=0.0)
+    gmesh = G.make_mesh((comm.size,), comm)
+    model = G.build(cfg, gmesh)
+    opt = G.make_optimizer(model, cfg)
+    steps = [0]
+
+    def step():
+        tokens, targets = G.local_batch(data, cfg, steps[0], gmesh)
+        steps[0] += 1
+        loss = G.loss_of(model, tokens, targets)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    t = time_interleaved(comm, {"solve": lambda: np.linalg.solve(da, db), "step": step},
+                         reps, 1, 1)
+    return {f"np.linalg.solve, n = {solve_n:,}": statistics.median(t["solve"]) * 1e3,
+            f"GPT step, hidden {hidden:,}": statistics.median(t["step"]) * 1e3}
+
+
+def side_worker(args) -> None:
+    """One checkout's figures (see the module's docstring), written to args.worker."""
+    import json
+
+    from call_cost import calls, checkout_machine, overheads
+    comm = MPI.COMM_WORLD
+    mesh = mt.init_device_mesh("cpu", (comm.size,))
+    table = {k: v for k, v in calls(mt, np, mesh).items() if k in SIDE_CALLS}
+    us = overheads(comm, table, args.reps, args.inner)
+    ms = whole_programs(comm, mesh, args.checkout, args.solve_n, args.hidden, args.whole_reps)
+    info = checkout_machine(comm, args.checkout)
+    if comm.rank == 0:
+        Path(args.worker).write_text(json.dumps({"machine": info, "us": us, "ms": ms}))
+
+
+def side_by_side(args) -> int:
+    """The driver: both checkouts' figures over rounds, printed and written."""
+    from _checkouts import alternate, driver_checkouts, over_rounds, print_rows
+    checkouts = driver_checkouts(args.base)
+    rounds = alternate(checkouts, args.rounds, args.np, __file__,
+                       ["--reps", args.reps, "--inner", args.inner, "--solve-n", args.solve_n,
+                        "--hidden", args.hidden, "--whole-reps", args.whole_reps])
+    info = rounds["this"][0]["machine"]
+    info["base_commit"] = rounds["base"][0]["machine"]["commit"]
+    print(machine_line(info) + f"; base commit {info['base_commit']}")
+    us, ms = over_rounds(rounds, "us"), over_rounds(rounds, "ms")
+    print_rows(us, checkouts, "us over NumPy")
+    print_rows(ms, checkouts, "ms")
+    out = args.out or result_path(f"dispatch_base-np{args.np}.json")
+    write_result(out, {"machine": info, "rounds": args.rounds, "us": us, "ms": ms})
+    print(f"wrote {out}")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--torch", action="store_true", help="also time torch DTensor on gloo")
@@ -247,7 +347,22 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<cpu>/...)")
+    ap.add_argument("--base", type=Path, default=None,
+                    help="another checkout with its own .venv: both side by side (not "
+                         "under mpiexec)")
+    ap.add_argument("--np", type=int, default=2, help="ranks of each job, with --base")
+    ap.add_argument("--rounds", type=int, default=5, help="jobs per checkout, with --base")
+    ap.add_argument("--solve-n", type=int, default=2000, help="with --base")
+    ap.add_argument("--hidden", type=int, default=1024, help="the GPT's, with --base")
+    ap.add_argument("--whole-reps", type=int, default=5,
+                    help="repetitions of solve and the GPT step per job, with --base")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--checkout", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.worker:
+        return side_worker(args)
+    if args.base is not None:
+        return side_by_side(args)
 
     comm = MPI.COMM_WORLD
     mesh = mt.init_device_mesh("cpu", (comm.size,))

@@ -526,7 +526,24 @@ def call_instructions(results: dict) -> str:
     return "\n".join(out)
 
 
-TABLES = {"agree": agree, "call_cost": call_cost, "call_instructions": call_instructions, "sklearn_fit": sklearn_fit,
+def dispatch_base(results: dict) -> str:
+    """The calls and programs a change of the dispatch is judged by, beside another
+    commit timed in the same sitting (benchmarks/dispatch.py --base)."""
+    out = []
+    for n, torch, data in runs_of(results, "dispatch_base"):
+        base = data["machine"]["base_commit"]
+        head = ["", "this commit", f"commit `{base}`"]
+        for key, unit in (("us", "microseconds over NumPy's call on the local block"),
+                          ("ms", "milliseconds")):
+            rows = [[f"`{r['call']}`" if key == "us" else r["call"], stat(r["this"]),
+                     stat(r["base"])] for r in data[key]]
+            out.append(f"np {n}, {unit}, median [min..max] over {data['rounds']} rounds\n\n"
+                       + table(head, rows))
+    return "\n".join(out)
+
+
+TABLES = {"agree": agree, "call_cost": call_cost, "call_instructions": call_instructions,
+          "dispatch_base": dispatch_base, "sklearn_fit": sklearn_fit,
           "redistribute": redistribute, "dispatch": dispatch,
           "tensor_parallel": tensor_parallel, "checkpoint": checkpoint,
           "context_parallel": context_parallel, "debug": debug, "train": train, "autograd": autograd,
