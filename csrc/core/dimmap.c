@@ -294,7 +294,29 @@ int mt_dimmap_stack(int ninputs, const int *ndim, const int64_t (*shape)[MT_MAX_
   return rc;
 }
 
-/* The one dim of a join's or a stack's `axes`, or -1. */
+int mt_dimmap_lanes(int ndim, const int64_t *shape, int axis, int64_t shorten,
+                    mt_dimmap *out, mt_error *err) {
+  if (ndim < 1 || ndim >= MT_MAX_NDIM || axis < 0 || axis >= ndim || shorten < 0)
+    return mt__fail(err, MT_EINVAL, "cannot work along axis %d of a %d-dim input, %lld "
+                    "shorter", axis, ndim, (long long)shorten);
+  mt_dimmap map;
+  memset(&map, 0, sizeof map);
+  map.ninputs = 1, map.in_ndim[0] = ndim, map.out_ndim = ndim, map.nlabels = ndim + 1;
+  for (int k = 0; k < ndim; ++k) {
+    map.in_labels[0][k] = k;
+    map.out_labels[k] = k == axis ? ndim : k;
+  }
+  map.label_kind[axis] = MT_LABEL_REPLICATE;
+  map.label_kind[ndim] = MT_LABEL_REPLICATE;
+  map.sized_labels = 1u << ndim;
+  map.label_size[ndim] = shape[axis] > shorten ? shape[axis] - shorten : 0;
+  map.partial_rule = MT_PARTIAL_NONE;
+  int rc = mt_dimmap_check(&map, err);
+  if (rc == MT_OK) *out = map;
+  return rc;
+}
+
+/* The one dim of a join's, a stack's or a lanes op's `axes`, or -1. */
 static int one_axis(uint32_t axes) {
   for (int axis = 0; axis < MT_MAX_NDIM; ++axis)
     if (axes == 1u << axis) return axis;
@@ -322,10 +344,15 @@ int mt_op_dimmap(const mt_op_sig *sig, const mt_op_args *args, const mt_prop_inp
       return mt_dimmap_reduction(&sig->rule, in->ndim[0], args->axes, args->keepdims, dtype,
                                  out, err);
     case MT_OP_JOIN:
-    case MT_OP_STACK: {
+    case MT_OP_STACK:
+    case MT_OP_LANES: {
       int axis = one_axis(args->axes);
-      if (axis < 0) return mt__fail(err, MT_EINVAL, "a join or a stack has one axis");
+      if (axis < 0) return mt__fail(err, MT_EINVAL, "a join, a stack or a lanes op has one axis");
       const int64_t(*shape)[MT_MAX_NDIM] = (const int64_t(*)[MT_MAX_NDIM])in->shape;
+      if (sig->family == MT_OP_LANES) {
+        if (n != 1) return mt__fail(err, MT_EINVAL, "a lanes op takes one tensor");
+        return mt_dimmap_lanes(in->ndim[0], shape[0], axis, args->shorten, out, err);
+      }
       return sig->family == MT_OP_JOIN ? mt_dimmap_join(n, in->ndim, shape, axis, out, err)
                                        : mt_dimmap_stack(n, in->ndim, shape, axis, out, err);
     }

@@ -216,6 +216,9 @@ typedef struct mt_ext_sig {
    * its local function; lanes_axis the axis when the call gives none
    * (MT_EXT_NO_AXIS: the call must give one). */
   int lanes, lanes_axis;
+  /* func(x, n, axis) works along the lanes of one axis, its output n shorter there
+   * (register_differences: np.diff), `method` its local function. */
+  int differences;
   /* func(arrays, axis) joins DTensors along an existing axis, or a new one
    * (op.family MT_OP_STACK) (register_join), `method` its local function:
    * method(*blocks, axis). */
@@ -295,7 +298,7 @@ enum { MT_EVENT_DECISION, MT_EVENT_MOVE, MT_EVENT_UNMOVED, MT_EVENT_COUNT };
   X(MODULE, "__module__") X(QUALNAME, "__qualname__") X(ERRSTATE, "errstate")         \
   X(SETTLE, "settle") X(RESULT, "result") X(DTYPE, "dtype") X(COPY, "copy")         \
   X(INDEX_KEYS, "_index_keys") X(VIEW, "view") X(BLOCK_RESHAPES, "_block_reshapes")     \
-  X(ORDER_C, "C")
+  X(ORDER_C, "C") X(N, "n")
 #define MT_EXT_STRING_INDEX(name, _) MT_S_##name,
 enum { MT_EXT_STRINGS(MT_EXT_STRING_INDEX) MT_S_COUNT };
 
@@ -548,6 +551,7 @@ typedef struct mt_ext_op {
   PyObject *kwnames; /* names of the last of the extra arguments */
   int pass_box;      /* and this rank's output box (a shape tuple) last */
   PyObject *aux;     /* what the autograd node keeps besides the operands */
+  int64_t shorten;   /* a lanes op: how much shorter its output is along `axes` */
 } mt_ext_op;
 
 /* -- the executor's doors (ext_entry.c) and function families (ext_families.c) -- */

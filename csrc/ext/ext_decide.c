@@ -267,7 +267,7 @@ static mt_decision *miss(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_c
   mt_decision *dec = NULL;
   int rc;
   if (op->sig != NULL) {
-    mt_op_args args = {c->noperands, c->tensors, op->axes, op->keepdims};
+    mt_op_args args = {c->noperands, c->tensors, op->axes, op->keepdims, op->shorten};
     rc = mt_op_dimmap(&op->sig->op, &args, &in, dtype[0], &map, &err);
     if (rc != MT_OK) return raise_named(op, rc, &err);
   } else {

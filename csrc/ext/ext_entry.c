@@ -164,7 +164,7 @@ static int into_layout(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *ufun
     goto release;
   }
   c.key.op = sig->id;
-  mt_ext_op op = {sig, ufunc, NULL, 0, 0, ufunc, &b->local, 1, d->kw_out, 0, NULL};
+  mt_ext_op op = {sig, ufunc, NULL, 0, 0, ufunc, &b->local, 1, d->kw_out, 0, NULL, 0};
   int hit;
   const mt_decision *dec = mt_ext_decide(d, &op, &c, &hit);
   if (dec != NULL && dec->out_id != id) goto release;
@@ -280,7 +280,7 @@ static PyObject *ufunc_call(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const
   if (rc <= 0) return rc < 0 ? NULL : Py_NewRef(Py_NotImplemented);
   c.key.op = sig->id;
   Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
-  mt_ext_op op = {sig, ufunc, NULL, 0, 0, ufunc, ops + n, nkw, kwnames, 0, NULL};
+  mt_ext_op op = {sig, ufunc, NULL, 0, 0, ufunc, ops + n, nkw, kwnames, 0, NULL, 0};
   PyObject *out = mt_ext_execute(d, &op, &c, ops);
   mt_ext_call_release(&c);
   return out;
@@ -386,7 +386,7 @@ static PyObject *reduce(mt_ext_dispatch *d, int method, PyObject *self,
   if (rc <= 0) return rc < 0 ? NULL : reduction_entry(d, sig, self, args, nargs, kwnames);
   int keep = keepdims == Py_True, hit;
   int ndim = (int)PyTuple_GET_SIZE(PyTuple_GET_ITEM(c.dt[0]->spec, 2));
-  mt_ext_op op = {sig, sig->func, NULL, 0, keep, sig->method, NULL, 0, NULL, 0, NULL};
+  mt_ext_op op = {sig, sig->func, NULL, 0, keep, sig->method, NULL, 0, NULL, 0, NULL, 0};
   c.key.op = sig->id;
   c.key.aux = mt_ext_reduction_aux(axis, ndim, keep, &op.axes);
   const mt_decision *dec = c.key.aux < 0 ? NULL : mt_ext_decide(d, &op, &c, &hit);

@@ -6,6 +6,8 @@
  *   cast         x.astype(dtype) where nothing moves       register_cast
  *   lanes        np.sort, np.cumsum, np.flip along an      register_lanes
  *                axis no mesh dim shards
+ *   differences  np.diff along an axis no mesh dim shards  register_differences
+ *                (the core's mt_dimmap_lanes)
  *   join         np.concatenate along an axis no mesh dim  register_join
  *                shards (the core's mt_dimmap_join), and
  *                np.stack along a new axis (mt_dimmap_stack)
@@ -58,7 +60,7 @@ static PyObject *elementwise_call(mt_ext_dispatch *d, const mt_ext_sig *sig,
     return mt_ext_door_hook(d, sig->func, args, kwargs, Py_True);
   }
   c.key.op = sig->id;
-  mt_ext_op op = {sig, sig->func, NULL, 0, 0, sig->func, NULL, 0, NULL, 0, NULL};
+  mt_ext_op op = {sig, sig->func, NULL, 0, 0, sig->func, NULL, 0, NULL, 0, NULL, 0};
   PyObject *out = mt_ext_execute(d, &op, &c, ops);
   mt_ext_call_release(&c);
   return out;
@@ -150,7 +152,7 @@ static PyObject *cast_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *
     return NULL;
   }
   PyObject *x = PyTuple_GET_ITEM(args, 0), *extra[1] = {(PyObject *)descr};
-  mt_ext_op op = {sig, sig->func, NULL, 0, 0, sig->func, extra, 1, d->kw_dtype, 0, NULL};
+  mt_ext_op op = {sig, sig->func, NULL, 0, 0, sig->func, extra, 1, d->kw_dtype, 0, NULL, 0};
   PyObject *out = run_unmoved(d, &op, &x, 1, 0, args, kwargs, caller);
   Py_DECREF(descr);
   return out;
@@ -202,9 +204,74 @@ static PyObject *lanes_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject 
   PyObject *x = PyTuple_GET_ITEM(args, 0), *axis = PyLong_FromLong(ax);
   if (axis == NULL) return NULL;
   PyObject *extra[1] = {axis};
-  mt_ext_op op = {sig, sig->func, NULL, 0, 0, sig->method, extra, 1, NULL, 0, NULL};
+  mt_ext_op op = {sig, sig->func, NULL, 0, 0, sig->method, extra, 1, NULL, 0, NULL, 0};
   PyObject *out = run_unmoved(d, &op, &x, 1, 0, args, kwargs, caller);
   Py_DECREF(axis);
+  return out;
+}
+
+/* The argument at `i` of func(x, n, axis), positional or by `name`, or NULL when
+ * the call does not give it; `*bad` set where both give it. */
+static PyObject *argument(PyObject *args, PyObject *kwargs, Py_ssize_t i, PyObject *name,
+                          int *bad) {
+  PyObject *kw = PyDict_GET_SIZE(kwargs) != 0 ? PyDict_GetItemWithError(kwargs, name) : NULL;
+  if (kw == NULL && PyErr_Occurred()) PyErr_Clear(), *bad = 1;
+  if (i < PyTuple_GET_SIZE(args)) {
+    if (kw != NULL) *bad = 1;
+    return PyTuple_GET_ITEM(args, i);
+  }
+  return kw;
+}
+
+/* The axis of np.diff(x, n, axis) when the executor may take the call, n in `*n`:
+ * x a DTensor of this rank's mesh that the door would not take, without
+ * Partials; n an int of at least 1 (positional or n=, else 1) and the axis an int
+ * in range (positional or axis=, else the last) along which no mesh dim shards
+ * x, and no other argument; else -1 (no exception): the entry's call. */
+static int differences_axis(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs, long *n) {
+  Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+  PyObject *x = nargs >= 1 ? PyTuple_GET_ITEM(args, 0) : NULL;
+  if (x == NULL || nargs > 3 || Py_TYPE(x) != d->dtensor || mt_ext_door_operand(d, x) ||
+      !mt_ext_spec_mesh(d, ((mt_ext_dtensor *)x)->spec)->member)
+    return -1;
+  int bad = 0;
+  PyObject *count = argument(args, kwargs, 1, d->str[MT_S_N], &bad);
+  PyObject *axis = argument(args, kwargs, 2, d->str[MT_S_AXIS], &bad);
+  Py_ssize_t given = (nargs > 1) + (nargs > 2) + PyDict_GET_SIZE(kwargs);
+  if (bad || given != (count != NULL) + (axis != NULL) ||
+      (count != NULL && !PyLong_CheckExact(count)) || (axis != NULL && !PyLong_CheckExact(axis)))
+    return -1;
+  PyObject *spec = ((mt_ext_dtensor *)x)->spec;
+  Py_ssize_t ndim = PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 2));
+  *n = count == NULL ? 1 : PyLong_AsLong(count);
+  long ax = axis == NULL ? -1 : PyLong_AsLong(axis);
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    return -1;
+  }
+  if (*n < 1 || ndim == 0 || ax < -ndim || ax >= ndim) return -1;
+  if (ax < 0) ax += ndim;
+  return whole_along(d, spec, ax) ? (int)ax : -1;
+}
+
+/* np.diff(x, n, axis) of a differences function: agreed, then run by the executor
+ * on each block, where nothing moves, when differences_axis says it may; else,
+ * agreed, by the Python door. */
+static PyObject *differences_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,
+                                  PyObject *kwargs, PyObject *caller) {
+  long n = 0;
+  int ax = differences_axis(d, args, kwargs, &n);
+  if (ax < 0) Py_RETURN_NOTIMPLEMENTED;
+  if (mt_ext_agree_on(d, sig, args, kwargs, caller) < 0) return NULL;
+  PyObject *x = PyTuple_GET_ITEM(args, 0), *extra[2] = {PyLong_FromLong(n), PyLong_FromLong(ax)};
+  PyObject *out = NULL;
+  if (extra[0] != NULL && extra[1] != NULL) {
+    mt_ext_op op = {sig, sig->func, NULL, 1u << ax, 0, sig->method, extra, 2, NULL, 0, NULL, n};
+    /* The memo's key tells calls apart by axis and n: their outputs differ. */
+    out = run_unmoved(d, &op, &x, 1, (int64_t)n * MT_MAX_NDIM + ax, args, kwargs, caller);
+  }
+  Py_XDECREF(extra[0]);
+  Py_XDECREF(extra[1]);
   return out;
 }
 
@@ -281,7 +348,7 @@ static PyObject *join_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *
   PyObject *axis = PyLong_FromLong(ax);
   if (axis == NULL) return NULL;
   PyObject *extra[1] = {axis};
-  mt_ext_op op = {sig, sig->func, NULL, 1u << ax, 0, sig->method, extra, 1, NULL, 0, NULL};
+  mt_ext_op op = {sig, sig->func, NULL, 1u << ax, 0, sig->method, extra, 1, NULL, 0, NULL, 0};
   PyObject *out = run_unmoved(d, &op, PySequence_Fast_ITEMS(arrays),
                               (int)PySequence_Fast_GET_SIZE(arrays), ax, args, kwargs, caller);
   Py_DECREF(axis);
@@ -291,6 +358,7 @@ static PyObject *join_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *
 PyObject *mt_ext_family_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,
                              PyObject *kwargs, PyObject *caller) {
   if (sig->lanes) return lanes_call(d, sig, args, kwargs, caller);
+  if (sig->differences) return differences_call(d, sig, args, kwargs, caller);
   if (sig->join) return join_call(d, sig, args, kwargs, caller);
   return sig->cast ? cast_call(d, sig, args, kwargs, caller)
                    : elementwise_call(d, sig, args, kwargs, caller);

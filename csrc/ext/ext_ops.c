@@ -129,6 +129,22 @@ static PyObject *register_lanes(PyObject *module, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* register_differences(func, local, label) */
+static PyObject *register_differences(PyObject *module, PyObject *args) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  PyObject *func, *local, *label;
+  if (!PyArg_ParseTuple(args, "OOU:register_differences", &func, &local, &label)) return NULL;
+  if (!PyCallable_Check(local))
+    return PyErr_Format(PyExc_TypeError,
+                        "register_differences(func, local: callable, label: str)");
+  mt_ext_sig *sig = add_sig(d, func, label);
+  if (sig == NULL) return NULL;
+  sig->op.family = MT_OP_LANES, sig->op.rule.reduce_op = -1;
+  sig->nin = 1, sig->nout = 1, sig->differences = 1;
+  Py_XSETREF(sig->method, Py_NewRef(local));
+  Py_RETURN_NONE;
+}
+
 /* register_join(func, local, label[, new_axis]) */
 static PyObject *register_join(PyObject *module, PyObject *args) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
@@ -368,6 +384,13 @@ PyMethodDef mt_ext_ops_methods[] = {
      "whole where they lie, so nothing moves and the placements stay. Local.\n\n"
      "Example: _C.register_lanes(numpy.cumsum, numpy.ndarray.cumsum, None, "
      "'numpy.cumsum')"},
+    {"register_differences", register_differences, METH_VARARGS,
+     "register_differences(func, local, label): func(x, n, axis) works along the lanes "
+     "of one axis and gives n fewer elements there (numpy.diff), local(block, n, axis) "
+     "on a block that holds whole lanes. executor_call takes a call of a DTensor "
+     "without Partials, an int n of at least 1 and an int axis that no mesh dim "
+     "shards, the core's mt_dimmap_lanes its dim map. Local.\n\n"
+     "Example: _C.register_differences(numpy.diff, diff_block, 'numpy.diff')"},
     {"register_join", register_join, METH_VARARGS,
      "register_join(func, local, label[, new_axis]): func(arrays, axis) joins DTensors "
      "along an existing axis (numpy.concatenate), or with new_axis along a new one "

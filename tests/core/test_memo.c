@@ -262,7 +262,7 @@ static void test_decide(void) {
   const mt_placement s0 = {MT_PLACEMENT_SHARD, 0, 0, 0}, s1 = {MT_PLACEMENT_SHARD, 1, 0, 0};
   const mt_placement pmax = {MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_MAX, 0};
   const mt_op_sig add = {MT_OP_ELEMENTWISE, MT_ELEMENTWISE_ADD, {0, 0, 0, 0, 0}};
-  const mt_op_args args = {2, 3u, 0, 0};
+  const mt_op_args args = {2, 3u, 0, 0, 0};
   const int f64[2] = {MT_DTYPE_FLOAT64, MT_DTYPE_FLOAT64};
   const int c128[2] = {MT_DTYPE_COMPLEX128, MT_DTYPE_COMPLEX128};
   mt_memo *memo = NULL;
@@ -282,7 +282,7 @@ static void test_decide(void) {
   for (int64_t ranks = 1; ranks <= 2; ++ranks) {
     mt_prop_inputs one = two_inputs(ranks, pmax, pmax);
     one.ninputs = 1;
-    const mt_op_args unary = {1, 1u, 0, 0};
+    const mt_op_args unary = {1, 1u, 0, 0, 0};
     CHECK(mt_op_dimmap(&exp_, &unary, &one, MT_DTYPE_COMPLEX128, &map, NULL) == MT_OK);
     mt_memo_key k2 = key(2, ranks, 0);
     mt_error err = {0, ""};
@@ -345,7 +345,7 @@ static void test_decide(void) {
 static void test_decision_reads(void) {
   const mt_placement s0 = {MT_PLACEMENT_SHARD, 0, 0, 0}, s1 = {MT_PLACEMENT_SHARD, 1, 0, 0};
   const mt_op_sig add = {MT_OP_ELEMENTWISE, MT_ELEMENTWISE_ADD, {0, 0, 0, 0, 0}};
-  const mt_op_args args = {2, 3u, 0, 0};
+  const mt_op_args args = {2, 3u, 0, 0, 0};
   const int f64[2] = {MT_DTYPE_FLOAT64, MT_DTYPE_FLOAT64};
   mt_memo *memo = NULL;
   CHECK(mt_memo_create(16, 16, &memo, NULL) == MT_OK);

@@ -1924,13 +1924,43 @@ static void test_builder_stack(void) {
   CHECK(mt_dimmap_stack(2, ndim, shape, -1, &m, NULL) == MT_EINVAL);
   /* through the op family, as the executor asks */
   const mt_op_sig sig = {MT_OP_STACK, 0, {0, 0, 0, 0, 0}};
-  const mt_op_args args = {2, 3u, 1u << 2, 0};
+  const mt_op_args args = {2, 3u, 1u << 2, 0, 0};
   mt_prop_inputs in;
   memset(&in, 0, sizeof in);
   in.ninputs = 2, in.ndim[0] = in.ndim[1] = 2;
   in.shape[0][0] = in.shape[1][0] = 4, in.shape[0][1] = in.shape[1][1] = 3;
   CHECK(mt_op_dimmap(&sig, &args, &in, MT_DTYPE_FLOAT64, &m, NULL) == MT_OK &&
         m.out_ndim == 3 && m.out_labels[2] == 2 && m.label_size[2] == 2);
+}
+
+/* The lanes of np.diff: the input's axis whole, the output's a label of its own,
+ * `shorten` shorter and never below 0, the other dims kept; Partials reduced
+ * first; the axis in range, `shorten` not negative. */
+static void test_builder_lanes(void) {
+  const int64_t shape[MT_MAX_NDIM] = {4, 6, 3};
+  mt_error err = {0, ""};
+  mt_dimmap m;
+  CHECK_MSG(mt_dimmap_lanes(3, shape, 1, 2, &m, &err) == MT_OK, "lanes: %s", err.msg);
+  CHECK(m.ninputs == 1 && m.out_ndim == 3 && m.nlabels == 4);
+  CHECK(m.in_labels[0][1] == 1 && m.label_kind[1] == MT_LABEL_REPLICATE);
+  CHECK(m.out_labels[0] == 0 && m.out_labels[1] == 3 && m.out_labels[2] == 2);
+  CHECK(m.label_kind[0] == MT_LABEL_KEEP && m.label_kind[2] == MT_LABEL_KEEP);
+  CHECK(m.label_kind[3] == MT_LABEL_REPLICATE && m.sized_labels == 1u << 3 &&
+        m.label_size[3] == 4);
+  CHECK(m.partial_rule == MT_PARTIAL_NONE);
+  CHECK(mt_dimmap_lanes(3, shape, 2, 9, &m, NULL) == MT_OK && m.label_size[3] == 0);
+  CHECK(mt_dimmap_lanes(3, shape, 3, 1, &m, NULL) == MT_EINVAL);
+  CHECK(mt_dimmap_lanes(3, shape, -1, 1, &m, NULL) == MT_EINVAL);
+  CHECK(mt_dimmap_lanes(3, shape, 0, -1, &m, NULL) == MT_EINVAL);
+  CHECK(mt_dimmap_lanes(0, shape, 0, 1, &m, NULL) == MT_EINVAL);
+  /* through the op family, as the executor asks: S(1) of the axis must move. */
+  const mt_op_sig sig = {MT_OP_LANES, 0, {-1, 0, 0, 0, 0}};
+  const mt_op_args args = {1, 1u, 1u << 1, 0, 1};
+  mt_prop_inputs in;
+  memset(&in, 0, sizeof in);
+  in.ninputs = 1, in.ndim[0] = 2, in.shape[0][0] = 4, in.shape[0][1] = 6;
+  CHECK(mt_op_dimmap(&sig, &args, &in, MT_DTYPE_FLOAT64, &m, NULL) == MT_OK &&
+        m.out_ndim == 2 && m.label_size[m.out_labels[1]] == 5);
 }
 
 /* Field by field: the reference map of map_reduce and the built one. */
@@ -2322,6 +2352,7 @@ int main(int argc, char **argv) {
   test_builder_matmul();
   test_builder_join();
   test_builder_stack();
+  test_builder_lanes();
   test_builder_reduction();
   test_random();
   test_map_errors();

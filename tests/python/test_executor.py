@@ -495,6 +495,48 @@ def test_concatenate_along_an_unsharded_axis_runs_in_c_else_in_its_entry(mesh, m
     assert entered == ["concatenate"]
 
 
+def test_diff_along_an_unsharded_axis_runs_in_c_else_in_its_entry(mesh, monkeypatch):
+    """np.diff of a DTensor without Partials along an int axis that no mesh dim
+    shards, n an int of at least 1, is agreed and run in one C call on each block,
+    the entry never entered: the axis n shorter (down to 0), the placements kept,
+    NumPy's dtype (not_equal for bools, int8 stays int8); along a sharded axis,
+    with n=0, prepend= or append=, of a Partial, or with a gradient wanted, the
+    entry runs, C agreeing on nothing first. Either way, NumPy's answer."""
+    from mpitensor import _registry
+    entered = []
+    entry = _registry.functions[np.diff]
+    monkeypatch.setitem(_registry.functions, np.diff, lambda *a, **k: (
+        entered.append("diff"), entry(*a, **k))[1])
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((2 * W, 6))
+    i8 = rng.integers(-100, 100, (2 * W, 6)).astype(np.int8)
+    m = a > 0
+    x, xi, xm = (mt.distribute_tensor(v, mesh, [Shard(0)]) for v in (a, i8, m))
+    r = mt.distribute_tensor(a, mesh, [Replicate()])
+    p = make(a, mesh, [Partial("sum")])
+    in_c = [(lambda: np.diff(x), np.diff(a)),
+            (lambda: np.diff(x, 2), np.diff(a, 2)),
+            (lambda: np.diff(x, axis=1), np.diff(a, axis=1)),
+            (lambda: np.diff(x, n=3, axis=-1), np.diff(a, n=3, axis=-1)),
+            (lambda: np.diff(x, 9), np.diff(a, 9)),
+            (lambda: np.diff(xi), np.diff(i8)),
+            (lambda: np.diff(xm), np.diff(m)),
+            (lambda: np.diff(r, 1, 0), np.diff(a, 1, 0))]
+    in_entry = [(lambda: np.diff(x, axis=0), np.diff(a, axis=0)),
+                (lambda: np.diff(x, 0), np.diff(a, 0)),
+                (lambda: np.diff(x, prepend=0.0), np.diff(a, prepend=0.0)),
+                (lambda: np.diff(p), np.diff(a))]
+    in_c_or_entry(in_c, in_entry, entered)
+    assert np.diff(x).placements == (Shard(0),) and np.diff(r, 1, 0).placements == (Replicate(),)
+    g = mt.distribute_tensor(a, mesh, [Shard(0)], requires_grad=True)
+    entered[:] = []
+    np.diff(g).sum().backward()
+    assert entered == ["diff"]
+    want = np.zeros_like(a)
+    want[:, 0], want[:, -1] = -1.0, 1.0
+    np.testing.assert_array_equal(g.grad.full_tensor(), want)
+
+
 def test_stack_of_one_layout_runs_in_c_else_in_its_entry(mesh, monkeypatch):
     """np.stack of DTensors of one mesh, one shape and one layout, without Partials,
     along any new axis, is agreed and run in one C call, the entry never entered,

@@ -470,6 +470,19 @@ def _diff_cut(x, n, cut):
     return x
 
 
+def _diff_block(x, n, axis):
+    """numpy.diff of one block along a normalised ``axis`` (``n`` >= 1): the
+    executor's local function for np.diff (_C.register_differences below)."""
+    return _diff_cut(x, n, _DIFF_SLICES.get((x.ndim, axis)) or _diff_slices(x.ndim, axis))
+
+
+# np.diff along one int axis that no mesh dim shards, of a DTensor without
+# Partials, is the executor's, taken in C before the entry runs: every block holds
+# whole lanes, so each rank differences its own; the dim map is the core's
+# mt_dimmap_lanes (the axis n shorter, the placements kept).
+_C.register_differences(np.diff, _diff_block, _registry.call_label(np.diff))
+
+
 def _diff_part(v, a, axis):
     """A prepend= or append= value of np.diff as a DTensor on ``a``'s mesh: a
     scalar broadcast to one row along ``axis``, an ndarray (alike on every rank)

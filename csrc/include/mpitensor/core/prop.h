@@ -189,6 +189,14 @@ MT_EXPORT int mt_dimmap_stack(int ninputs, const int *ndim,
                               const int64_t (*shape)[MT_MAX_NDIM], int axis, mt_dimmap *out,
                               mt_error *err);
 
+/* Local. The dim map of a function of one tensor along the lanes of dim `axis`
+ * (np.diff), each lane of which it needs whole: the input's `axis` is REPLICATE,
+ * the output's a label of its own, `shorten` shorter (never below 0), the other
+ * dims KEEP. Partials are reduced first (a difference of bools is not linear). An
+ * axis out of range or a negative `shorten` is MT_EINVAL. */
+MT_EXPORT int mt_dimmap_lanes(int ndim, const int64_t *shape, int axis, int64_t shorten,
+                              mt_dimmap *out, mt_error *err);
+
 /* What a reduction does when the dims it reduces are sharded. `reduce_op` is the
  * mt_reduce_op the partial results combine with (the reduced labels are REDUCE),
  * or -1 when they do not combine (REPLICATE: argmax, std, ...);
@@ -219,7 +227,8 @@ typedef enum mt_op_family {
   MT_OP_MATMUL = 1,
   MT_OP_REDUCTION = 2, /* `rule` */
   MT_OP_JOIN = 3,      /* np.concatenate: mt_dimmap_join along the one dim of `axes` */
-  MT_OP_STACK = 4      /* np.stack: mt_dimmap_stack along the one dim of `axes` */
+  MT_OP_STACK = 4,     /* np.stack: mt_dimmap_stack along the one dim of `axes` */
+  MT_OP_LANES = 5      /* np.diff: mt_dimmap_lanes along the one dim of `axes` */
 } mt_op_family;
 
 typedef struct mt_op_sig {
@@ -230,12 +239,14 @@ typedef struct mt_op_sig {
 
 /* What one call adds to the shapes: elementwise, the operand count and the bitmask
  * of the tensor operands (the inputs); a reduction, the reduced dims and keepdims;
- * a join or a stack, its one dim in `axes`. */
+ * a join, a stack or a lanes op, its one dim in `axes`, and a lanes op how much
+ * shorter its output is along that dim (`shorten`). */
 typedef struct mt_op_args {
   int noperands;
   uint32_t tensors;
   uint32_t axes;
   int keepdims;
+  int64_t shorten;
 } mt_op_args;
 
 /* The inputs as they are: global shapes and current placements on one mesh.
