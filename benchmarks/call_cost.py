@@ -21,6 +21,7 @@ The calls, on a 1-D mesh over all ranks, float64 (8, 8) operands:
 * ``x.sum(axis=1)``      the same as a DTensor method
 * ``np.mean(x)``         a full reduction (a Partial left, nothing moved)
 * ``x[:, :4]``           a basic key along an unsharded dim (a view)
+* ``c[:, 3] = 1.0``      a number written through a basic key
 * ``np.where(m, a, b)``  a registered function of three operands
 * ``np.clip(a, 0, 1)``   a registered function with scalar bounds
 * ``np.concatenate``     ``(a, b)`` along axis 1 (unsharded)
@@ -66,6 +67,8 @@ def calls(mt, np, mesh):
         "x.sum(axis=1)": (lambda: a.sum(axis=1), lambda: la.sum(axis=1)),
         "np.mean(x)": (lambda: np.mean(a), lambda: np.mean(la)),
         "x[:, :4]": (lambda: a[:, :4], lambda: la[:, :4]),
+        "c[:, 3] = 1.0": (lambda: c.__setitem__((slice(None), 3), 1.0),
+                          lambda: lc.__setitem__((slice(None), 3), 1.0)),
         "np.where(m, a, b)": (lambda: np.where(m, a, b), lambda: np.where(lm, la, lb)),
         "np.clip(a, 0, 1)": (lambda: np.clip(a, 0, 1), lambda: np.clip(la, 0, 1)),
         "np.concatenate": (lambda: np.concatenate((a, b), axis=1),

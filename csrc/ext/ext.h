@@ -298,7 +298,7 @@ enum { MT_EVENT_DECISION, MT_EVENT_MOVE, MT_EVENT_UNMOVED, MT_EVENT_COUNT };
   X(MODULE, "__module__") X(QUALNAME, "__qualname__") X(ERRSTATE, "errstate")         \
   X(SETTLE, "settle") X(RESULT, "result") X(DTYPE, "dtype") X(COPY, "copy")         \
   X(INDEX_KEYS, "_index_keys") X(VIEW, "view") X(BLOCK_RESHAPES, "_block_reshapes")     \
-  X(ORDER_C, "C") X(N, "n")
+  X(ORDER_C, "C") X(N, "n") X(WRITE, "write") X(SETITEM, "DTensor.__setitem__")
 #define MT_EXT_STRING_INDEX(name, _) MT_S_##name,
 enum { MT_EXT_STRINGS(MT_EXT_STRING_INDEX) MT_S_COUNT };
 
@@ -714,6 +714,10 @@ int mt_ext_call_flags(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs);
  * own, whose calls are alike on every rank by construction (ext_call_agreement.c).
  * -1 with an exception. */
 int mt_ext_by_program(mt_ext_dispatch *d, PyObject *frame);
+/* The fingerprint of name(*args, **kwargs) (`_C.call_fingerprint`'s) into *out: 0,
+ * or -1 with an exception. */
+int mt_ext_fingerprint(mt_ext_dispatch *d, PyObject *name, PyObject *args, PyObject *kwargs,
+                       uint64_t *out);
 /* `_C.agree_call` once the caller is judged (`program`): the ranks agree on
  * name(*args, **kwargs) when a program made it on a mesh of more than one rank;
  * its flags (call_flags' bits and the error state's only `with_flags`: a C door

@@ -235,9 +235,8 @@ static int feed_value(mt_ext_dispatch *d, hasher *s, PyObject *v) {
   return feed_attr(s, (PyObject *)t, d->str[MT_S_QUALNAME]);
 }
 
-/* The fingerprint of name(*args, **kwargs) into *out. 0, or -1 with an exception. */
-static int fingerprint_of(mt_ext_dispatch *d, PyObject *name, PyObject *args, PyObject *kwargs,
-                          uint64_t *out) {
+int mt_ext_fingerprint(mt_ext_dispatch *d, PyObject *name, PyObject *args, PyObject *kwargs,
+                       uint64_t *out) {
   hasher s = {0x9e3779b97f4a7c15ull, 0};
   if (feed_str(&s, name) < 0) return -1;
   /* The count of positional arguments first: f(x, "axis", 1) is not f(x, axis=1). */
@@ -277,7 +276,7 @@ static PyObject *call_fingerprint(PyObject *module, PyObject *const *args, Py_ss
     return PyErr_Format(PyExc_TypeError,
                         "call_fingerprint(name: str, args: tuple, kwargs: dict)");
   uint64_t fp;
-  if (fingerprint_of(mt_ext_dispatch_module(module), args[0], args[1], args[2], &fp) < 0)
+  if (mt_ext_fingerprint(mt_ext_dispatch_module(module), args[0], args[1], args[2], &fp) < 0)
     return NULL;
   return PyLong_FromLongLong((long long)fp);
 }
@@ -447,7 +446,7 @@ long mt_ext_agree_call(mt_ext_dispatch *d, PyObject *name, PyObject *args, PyObj
       return -1;
     }
     uint64_t fp;
-    if (mt_ext_mesh_check(mb) < 0 || fingerprint_of(d, name, args, kwargs, &fp) < 0) return -1;
+    if (mt_ext_mesh_check(mb) < 0 || mt_ext_fingerprint(d, name, args, kwargs, &fp) < 0) return -1;
     mt_error err = {0};
     int rc;
     ++mb->call_agreements;

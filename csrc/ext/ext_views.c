@@ -112,6 +112,65 @@ static PyObject *basic_view(PyObject *module, PyObject *const *a, Py_ssize_t n) 
   return out;
 }
 
+/* Whether a placement of `spec` is Partial (or one C cannot read). */
+static int any_partial(const mt_ext_dispatch *d, PyObject *spec) {
+  PyObject *placements = PyTuple_GET_ITEM(spec, 1);
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(placements); ++i) {
+    mt_placement code;
+    if (mt_ext_placement_code(d, PyTuple_GET_ITEM(placements, i), &code) < 0) {
+      PyErr_Clear();
+      return 1;
+    }
+    if (code.kind == MT_PLACEMENT_PARTIAL) return 1;
+  }
+  return 0;
+}
+
+/* basic_write(dt, key, value): see the method table. */
+static PyObject *basic_write(PyObject *module, PyObject *const *a, Py_ssize_t n) {
+  if (n != 3) return PyErr_Format(PyExc_TypeError, "basic_write(dt, key, value)");
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  mt_ext_dtensor *b = (mt_ext_dtensor *)a[0];
+  PyTypeObject *vt = Py_TYPE(a[2]);
+  /* The Python path's, besides basic_view's: a value that is no Python number, a
+   * Partial, a local array a write must reach others through (a read-only view,
+   * copy-views of its memory). Each is alike on every rank, and either path
+   * agrees once on the same fingerprint. */
+  if (Py_TYPE(a[0]) != d->dtensor || mt_ext_door_operand(d, a[0]) ||
+      mt_ext_events(d->modes) ||
+      (vt != &PyFloat_Type && vt != &PyLong_Type && vt != &PyBool_Type) ||
+      any_partial(d, b->spec) || !PyArray_ISWRITEABLE((PyArrayObject *)b->local) ||
+      mt_ext_has_copy_views(d->modes, b->local))
+    Py_RETURN_NOTIMPLEMENTED;
+  PyObject *ck = index_key(module, a[1]);
+  PyObject *plan = ck == NULL || ck == Py_None ? NULL : kept(d, b, MT_S_INDEX_KEYS, ck);
+  Py_XDECREF(ck);
+  PyObject *write = plan == NULL ? NULL : PyObject_GetAttr(plan, d->str[MT_S_WRITE]);
+  Py_XDECREF(plan);
+  PyErr_Clear(); /* the Python path makes the plan, or raises what it must */
+  if (write == NULL || !PyTuple_CheckExact(write) || PyTuple_GET_SIZE(write) != 3 ||
+      !PyLong_CheckExact(PyTuple_GET_ITEM(write, 0)) ||
+      !PyBytes_CheckExact(PyTuple_GET_ITEM(write, 2))) {
+    Py_XDECREF(write);
+    Py_RETURN_NOTIMPLEMENTED;
+  }
+  /* Agreed as the Python path agrees (_indexing.write_number), before the write. */
+  PyObject *what = PyTuple_Pack(2, PyTuple_GET_ITEM(write, 0), a[2]), *kwargs = PyDict_New();
+  PyObject *message = PyTuple_GET_ITEM(write, 2), *out = NULL;
+  uint64_t fp = 0;
+  if (what != NULL && kwargs != NULL &&
+      mt_ext_fingerprint(d, d->str[MT_S_SETITEM], what, kwargs, &fp) == 0 &&
+      mt_ext_mesh_agree(mt_ext_spec_mesh(d, b->spec), fp, PyBytes_AS_STRING(message),
+                        PyBytes_GET_SIZE(message)) == 0 &&
+      mt_ext_complete(d, b) == 0 &&
+      PyObject_SetItem(b->local, PyTuple_GET_ITEM(write, 1), a[2]) == 0)
+    out = Py_NewRef(Py_None);
+  Py_XDECREF(what);
+  Py_XDECREF(kwargs);
+  Py_DECREF(write);
+  return out;
+}
+
 /* Whether `shape` is a tuple of ints, as the reshape cache keys it. */
 static int int_tuple(PyObject *shape) {
   if (!PyTuple_CheckExact(shape)) return 0;
@@ -195,6 +254,14 @@ PyMethodDef mt_ext_views_methods[] = {
      "write into it reaches dt; else NotImplemented (a key or operand the Python "
      "path takes, which also makes the plan). Collective on the mesh.\n\n"
      "Example: _C.basic_view(dt, (slice(None), slice(None, 4)))"},
+    {"basic_write", (PyCFunction)(void (*)(void))basic_write, METH_FASTCALL,
+     "basic_write(dt, key, value) -> None, having made dt[key] = value, for a basic key "
+     "whose plan the mesh keeps, a Python number value and a dt without Partials "
+     "whose local array takes the write itself: the write agreed as the Python path "
+     "agrees it, then each rank's cut of the key written; else NotImplemented, "
+     "nothing done (a key, value or operand the Python path takes, which also makes "
+     "the plan). Collective on the mesh.\n\n"
+     "Example: _C.basic_write(dt, (0, slice(1, 3)), 0.0)"},
     {"block_reshape", (PyCFunction)(void (*)(void))block_reshape, METH_FASTCALL,
      "block_reshape(func, dt, shape, order, caller) -> dt.reshape(shape) as the "
      "method `func` (numpy.reshape) gives it, when the mesh keeps this layout's "

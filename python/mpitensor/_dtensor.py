@@ -380,6 +380,10 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt[1:3] = 0.0``; ``dt[dt < 0] = 0``; ``dt[[0, 5]] = 1.0``.
         """
+        if not _registry.rules and _C.basic_write(self, key, value) is None:
+            # A number through a key this mesh has seen on this layout: C agrees on
+            # the write and makes it on each rank's cut.
+            return
         # Where the rule does not cover the key, NumPy's assignment on the gathered
         # arrays, written back (a mask with an array of values).
         _registry.door(operator.setitem, (self, key, value), {}, "DTensor item assignment")

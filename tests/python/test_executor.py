@@ -766,6 +766,65 @@ def test_out_of_the_results_layout_runs_in_the_executor_other_keywords_too(mesh)
         assert c is a
 
 
+def test_a_number_written_through_a_kept_basic_key_is_written_in_c(mesh, monkeypatch):
+    """dt[key] = number, for a basic key whose plan the mesh keeps, into a DTensor
+    without Partials, is agreed and written in C, the entry never entered; the
+    first write (which makes the plan), a NumPy scalar or array value, a Partial
+    and a read-only local array take the entry. Into a view basic indexing made,
+    the write reaches the base; a Python int out of the dtype's range raises
+    NumPy's OverflowError on every rank. Either way, NumPy's answer."""
+    from mpitensor import _registry
+    entered = []
+    entry = _registry.functions[operator.setitem]
+    monkeypatch.setitem(_registry.functions, operator.setitem, lambda *a, **k: (
+        entered.append(1), entry(*a, **k))[1])
+    g = np.arange(6.0 * W * 4).reshape(2 * W, 12)
+    want = g.copy()
+    x = mt.distribute_tensor(g, mesh, [Shard(0)])
+    r = mt.distribute_tensor(g, mesh, [Replicate()])
+    i8 = mt.distribute_tensor(np.zeros((2 * W, 3), np.int8), mesh, [Shard(0)])
+    for key, value in (((slice(None), 3), 1.0), (0, 2), ((slice(1, None), slice(None, None, 2)),
+                                                          True), ((-1, -1), -0.5)):
+        entered[:] = []
+        x[key] = value  # makes the plan, through the entry
+        r[key] = value
+        want[key] = value
+        assert len(entered) == 2
+        x[key] = value
+        r[key] = value
+        assert entered == [1, 1], key  # written in C
+        np.testing.assert_array_equal(x.full_tensor(), want)
+        np.testing.assert_array_equal(r.full_tensor(), want)
+    entered[:] = []
+    x[0] = np.float64(3.0)
+    x[0] = np.zeros(12)
+    want[0] = 0.0
+    assert len(entered) == 2
+    view = x[:, :4]
+    view[:, 1] = 9.0
+    view[:, 1] = 9.0
+    want[:, 1] = 9.0
+    np.testing.assert_array_equal(x.full_tensor(), want)
+    p = make(g, mesh, [Partial("sum")])
+    p[0, 0] = 5.0
+    entered[:] = []
+    p[0, 0] = 5.0
+    assert entered == [1]
+    ro = np.zeros((2, 3))
+    ro.flags.writeable = False
+    y = DTensor.from_local(ro, mesh, [Shard(0)])
+    entered[:] = []
+    for _ in range(2):
+        with pytest.raises(ValueError, match="read-only"):
+            y[0] = 1.0
+    assert entered == [1, 1]
+    i8[0] = 1
+    for _ in range(2):
+        with pytest.raises(OverflowError):
+            i8[0] = 1000
+    np.testing.assert_array_equal(i8.full_tensor()[0], np.ones(3, np.int8))
+
+
 def test_a_write_into_a_base_of_copy_views_reaches_them_by_the_python_entry(mesh):
     """While a copy-view lives (a basic index NumPy's view of a local array cannot
     hold), an in-place operator takes the Python entry, whose write makes the

@@ -191,6 +191,27 @@ def test_a_write_whose_value_differs_on_one_rank(shape, placements, key):
     check_case(False, shape, placements, key, key, 7.0, 8.0 if N > 1 else None)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("shape, placements, good, odd", KEPT)
+def test_a_write_whose_key_the_others_read_before_differs_on_one_rank(
+        shape, placements, good, odd):
+    """The others read their key once before, so that C writes the number through
+    the plan the mesh keeps (``_C.basic_write``) while the odd rank's key takes the
+    Python path: the two paths agree alike, so the odd key still raises on every
+    rank, or gives NumPy's value where NumPy reads both keys alike."""
+    check_case(False, shape, placements, good, odd, warm=True)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("shape, placements", LAYOUTS, ids=str)
+@pytest.mark.parametrize("key", [lambda: 0, lambda: S(0, 2), lambda: (S(None), 1)],
+                         ids=["int", "slice", "column"])
+def test_a_write_whose_value_differs_on_one_rank_through_a_kept_plan(shape, placements, key):
+    """The same through the plan every rank keeps, written in C: the same error on
+    every rank (at one rank, NumPy's value)."""
+    check_case(False, shape, placements, key, key, 7.0, 8.0 if N > 1 else None, warm=True)
+
+
 def test_a_replicated_read_by_the_rank_is_refused_everywhere():
     """``x[rank]`` of a Replicate DTensor: each rank would hold another row in a
     result that says every rank holds the same one."""

@@ -157,7 +157,7 @@ class _Plan:
     costs one dict lookup before NumPy cuts the local array."""
 
     __slots__ = ("cut", "exchange", "counts", "mid", "outdims", "spec", "fp", "out_local",
-                 "view")
+                 "view", "write")
 
     def __init__(self, dt, key):
         spec = dt._spec
@@ -198,10 +198,14 @@ class _Plan:
         # without a move: (fp, cut, local shape, spec, the words of a mismatch).
         self.view = None
         self.cut = None
+        # What C's basic_write needs to write a number through this key: (fp, cut,
+        # the words of a mismatch), on a member of the mesh.
+        self.write = None
         if mesh._coordinate is not None:
             lshape, loff = local_shape_and_global_offset(
                 shape, mesh.shape, mesh._coordinate, spec.placements)
             self.cut = local_cuts(sel, loff, lshape)[0]
+            self.write = (self.fp, self.cut or ..., _DIFFERENT_KEYS)
 
 
 # The words every rank raises when the ranks index with different keys (the
@@ -310,7 +314,7 @@ def write_number(dt, key, value) -> bool:
         plan = _plan(dt, key, ck)
     except Exception as e:  # noqa: BLE001 - agreed, then raised on every rank
         agree_index(mesh, 0, e, _write_text)
-    agree_index(mesh, fingerprint((plan.fp, value)), what=_write_text)
+    agree_index(mesh, _number_write(plan.fp, value), what=_write_text)
     if plan.cut is not None:
         dest, cut = dt._data(), plan.cut or ...
         _views.write(dt, lambda: dest.__setitem__(cut, value), cut)
@@ -319,6 +323,12 @@ def write_number(dt, key, value) -> bool:
 
 # The values write_number takes; agree_write fingerprints them alike.
 _NUMBERS = (float, int, bool)
+
+
+def _number_write(plan_fp: int, value) -> int:
+    """The fingerprint of writing the number ``value`` through the basic key whose
+    plan has ``plan_fp``: the one C's basic_write agrees on too."""
+    return call_fingerprint("DTensor.__setitem__", (plan_fp, value), {})
 
 
 def _write_fingerprint(dt, key, value) -> int:
@@ -331,7 +341,7 @@ def _write_fingerprint(dt, key, value) -> int:
     except _registry.NoRule:
         return _raw(name + " (gathered)", dt, key, value)
     if type(value) in _NUMBERS:  # the common write, kept short
-        return fingerprint((plan.fp, value))
+        return _number_write(plan.fp, value)
     return _raw(name, None, plan.fp, value)
 
 
