@@ -100,6 +100,21 @@ def mkl_library(stem: str) -> str | None:
     return next((os.path.normpath(path) for path in found if os.path.exists(path)), None)
 
 
+def numpy_openblas() -> str | None:
+    """The path of the OpenBLAS NumPy loaded, as threadpoolctl finds it among this
+    process's libraries, or None. NumPy's wheel bundles scipy-openblas, whose build
+    comes first (its prefix names the symbols the callers try); a NumPy built
+    against a system OpenBLAS loads that. NumPy's wheel's own file layout is no API.
+
+    Example: ``numpy_openblas()`` -> ``'.../numpy.libs/libscipy_openblas64_-....so'``.
+    """
+    from threadpoolctl import threadpool_info
+    found = [i for i in threadpool_info()
+             if i.get("user_api") == "blas" and i.get("internal_api") == "openblas"]
+    found.sort(key=lambda i: i.get("prefix") != "libscipy_openblas")
+    return found[0]["filepath"] if found else None
+
+
 def address(lib_, name: str) -> int:
     """The address of symbol ``name`` of a loaded library; AttributeError when it
     has none.

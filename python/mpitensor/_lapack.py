@@ -5,7 +5,7 @@ the extension's table), for ``mt_tsqr`` (bound in :mod:`mpitensor._bind.linalg`)
 NumPy's wheel bundles scipy-openblas, whose Fortran symbols carry a ``scipy_``
 prefix and, being ILP64, a ``64_`` suffix (``scipy_dgeqrf_64_``); a NumPy built
 against a system OpenBLAS exports ``dgeqrf_`` with 32-bit integers. The library is
-found by threadpoolctl, as :mod:`mpitensor.nn._blas` finds it for gemm, and loaded
+found by :func:`mpitensor._clib.numpy_openblas`, as :mod:`mpitensor.nn._blas` finds it for gemm, and loaded
 with RTLD_LOCAL; where none is found, :func:`available` is False and TSQR's callers
 take NumPy's own path.
 """
@@ -15,9 +15,8 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from threadpoolctl import threadpool_info
 
-from ._clib import address, call, dtype_code, load
+from ._clib import address, call, dtype_code, load, numpy_openblas
 from ._bind.linalg import Lapack as _Lapack, mt_tsqr, mt_lapack_supports
 
 # (prefix, suffix, ILP64) of the Fortran names an OpenBLAS may export.
@@ -26,13 +25,6 @@ _NAMINGS = (("scipy_", "_64_", True), ("", "_64_", True), ("scipy_", "_", False)
 _ROUTINES = ("geqrf", "tpqrt", "tpmqrt", "ormqr")
 _TYPES = "sdcz"
 _SLAB_BYTES = 1 << 17
-
-
-def _openblas_path() -> str | None:
-    found = [i for i in threadpool_info()
-             if i.get("user_api") == "blas" and i.get("internal_api") == "openblas"]
-    found.sort(key=lambda i: i.get("prefix") != "libscipy_openblas")
-    return found[0]["filepath"] if found else None
 
 
 def _fortran_name(prefix, t, routine, suffix):
@@ -45,7 +37,7 @@ def _fortran_name(prefix, t, routine, suffix):
 def lapack():
     """The ``mt_lapack`` of NumPy's OpenBLAS, with the library kept alive beside
     it, or None when NumPy loaded no OpenBLAS exporting these routines. Local."""
-    path = _openblas_path()
+    path = numpy_openblas()
     if path is None:
         return None
     try:

@@ -3,7 +3,7 @@ chosen at import and handed to the C kernels (:mod:`._ckernels`; they link no BL
 
 ``MPITENSOR_BLAS`` picks it: ``mkl`` (the ``mkl`` package's libmkl_rt, as
 ``pip install mpitensor[mkl]`` brings it), ``openblas`` or ``numpy`` (the OpenBLAS
-NumPy loaded, found by threadpoolctl, called through its CBLAS symbols: the same
+NumPy loaded, found by threadpoolctl (``_clib.numpy_openblas``), called through its CBLAS symbols: the same
 library and functions as np.matmul's), the path of a
 library that exports ``cblas_sgemm``/``cblas_dgemm`` (LP64), or ``none`` (NumPy
 computes). Unset, on an Intel CPU MKL when it is installed, else NumPy's OpenBLAS
@@ -24,7 +24,6 @@ import os
 import warnings
 
 import numpy as np
-from threadpoolctl import threadpool_info
 
 from .. import _clib
 from . import _ckernels
@@ -60,19 +59,6 @@ def _mkl_path() -> str:
     if path is None:
         raise _LoadError("the mkl package is not installed (pip install mpitensor[mkl])")
     return os.path.realpath(path)
-
-
-def _openblas_path() -> str:
-    """The OpenBLAS that NumPy loaded, as threadpoolctl finds it among the libraries
-    of this process (NumPy's wheel bundles scipy-openblas; a NumPy built against a
-    system OpenBLAS loads that). NumPy's wheel's own file layout is no API."""
-    found = [i for i in threadpool_info()
-             if i.get("user_api") == "blas" and i.get("internal_api") == "openblas"]
-    # NumPy's wheel's build first: its prefix names the symbols tried below.
-    found.sort(key=lambda i: i.get("prefix") != "libscipy_openblas")
-    if not found:
-        raise _LoadError("NumPy loaded no OpenBLAS")
-    return found[0]["filepath"]
 
 
 def _load(path: str):
@@ -114,7 +100,9 @@ _OPENBLAS_GEMMS = [(f"{prefix}cblas_sgemm{suffix}", f"{prefix}cblas_dgemm{suffix
 
 
 def _open_openblas():
-    path = _openblas_path()
+    path = _clib.numpy_openblas()
+    if path is None:
+        raise _LoadError("NumPy loaded no OpenBLAS")
     lib = _load(path)
     i, (s, d) = _symbols(lib, _OPENBLAS_GEMMS)
     return "openblas", path, lib, s, d, _OPENBLAS_GEMMS[i][0].endswith("64_")
