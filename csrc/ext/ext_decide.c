@@ -401,7 +401,17 @@ static PyObject *implicit(PyObject *module, PyObject *const *args, Py_ssize_t na
   return out != NULL ? out : Py_NewRef(ops);
 }
 
+/* is_scalar(obj): see the method table. */
+static PyObject *is_scalar(PyObject *Py_UNUSED(module), PyObject *o) {
+  return PyBool_FromLong(scalar_kind(o) > 0);
+}
+
 PyMethodDef mt_ext_decide_methods[] = {
+    {"is_scalar", is_scalar, METH_O,
+     "is_scalar(obj) -> whether the executor takes obj as a scalar operand: a Python "
+     "float, int, bool or complex (exactly), a NumPy scalar or a 0-d ndarray; an "
+     "operation passes it to NumPy as it is. Local.\n\n"
+     "Example: _C.is_scalar(2.0) and not _C.is_scalar([2.0])"},
     {"implicit", (PyCFunction)(void (*)(void))implicit, METH_FASTCALL,
      "implicit(operands[, like]) -> operands: each plain ndarray (not 0-d) the "
      "executor replicates (one element always, any inside implicit_replication() or "

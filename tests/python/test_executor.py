@@ -132,6 +132,18 @@ def test_scalars_keep_numpy_promotion(mesh, dtype, scalar):
         like_numpy(op(a), expected)
 
 
+def test_one_rule_says_what_a_scalar_operand_is():
+    """Python numbers (exactly), NumPy scalars and 0-d ndarrays are scalar operands,
+    for the executor and the Python entries alike (one rule, in C); a Fraction, a
+    list, None, a str or an array of one element are not."""
+    from fractions import Fraction
+    assert D.is_scalar is _C.is_scalar
+    for v in (1, 2.5, True, 1j, np.float32(1), np.int8(3), np.array(2.0)):
+        assert D.is_scalar(v), v
+    for v in (Fraction(1, 2), [1.0], None, "a", np.ones(1), np.ones((2, 2))):
+        assert not D.is_scalar(v), v
+
+
 def test_scalar_types_are_separate_decisions(mesh):
     a = mt.distribute_tensor(np.ones((4, 4), np.float32), mesh, [Shard(0)])
     assert (a * 2).dtype == np.float32

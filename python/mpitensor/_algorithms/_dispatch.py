@@ -13,7 +13,6 @@ events. A repeated call costs one lookup before NumPy runs on the local arrays.
 
 from __future__ import annotations
 
-import numbers
 
 import numpy as np
 
@@ -169,11 +168,9 @@ def outside_local(shape, dtype) -> np.ndarray:
 
 # -- operands ---------------------------------------------------------------------
 
-def is_scalar(obj) -> bool:
-    """Python and NumPy scalars and 0-d ndarrays: not inputs, passed to NumPy as is."""
-    if isinstance(obj, (numbers.Number, np.generic)):
-        return True
-    return type(obj) is np.ndarray and obj.ndim == 0
+# Python numbers (exactly), NumPy scalars and 0-d ndarrays: not inputs, passed to
+# NumPy as they are; the executor's own rule, so both sides take the same operands.
+is_scalar = _C.is_scalar
 
 
 def implicit(operands) -> tuple:
