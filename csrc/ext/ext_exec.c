@@ -574,7 +574,25 @@ static PyObject *execute(PyObject *module, PyObject *const *args, Py_ssize_t nar
   return out;
 }
 
+/* outside_local(shape, dtype): see the method table. */
+static PyObject *outside_local_of(PyObject *Py_UNUSED(module), PyObject *const *a,
+                                  Py_ssize_t n) {
+  PyArray_Descr *descr = NULL;
+  Py_ssize_t ndim = n == 2 ? PyObject_Length(a[0]) : -1;
+  if (ndim < 0 || !PyArray_DescrConverter(a[1], &descr))
+    return PyErr_Occurred() ? NULL
+                            : PyErr_Format(PyExc_TypeError, "outside_local(shape, dtype)");
+  PyObject *out = outside_local(ndim > 0, descr);
+  Py_DECREF(descr);
+  return out;
+}
+
 PyMethodDef mt_ext_exec_methods[] = {
+    {"outside_local", (PyCFunction)(void (*)(void))outside_local_of, METH_FASTCALL,
+     "outside_local(shape, dtype) -> the local array of a rank outside the mesh for a "
+     "result of global `shape` (a sequence): empty, and a 0-d zero for a 0-d result, as torch's op "
+     "on an empty local gives (the executor's own). Local.\n\n"
+     "Example: _C.outside_local((), numpy.float64).shape == ()"},
     {"execute", (PyCFunction)(void (*)(void))execute, METH_FASTCALL | METH_KEYWORDS,
      "execute(key, operands, build=None, local=None, *, extra=(), kwargs=None, "
      "box=False, axis=None, keepdims=False) -> DTensor (or a tuple of them): runs an "

@@ -144,6 +144,16 @@ def test_one_rule_says_what_a_scalar_operand_is():
         assert not D.is_scalar(v), v
 
 
+def test_a_rank_outside_the_mesh_holds_the_executors_stand_in():
+    """The entries that wrap a result themselves give a rank outside the mesh the
+    executor's local array: empty, a 0-d zero for a 0-d result, of the dtype."""
+    assert D.outside_local is _C.outside_local
+    zero = D.outside_local((), np.float32)
+    assert zero.shape == () and zero == 0 and zero.dtype == np.float32
+    empty = D.outside_local([3, 4], np.dtype(np.int8))
+    assert empty.shape == (0,) and empty.dtype == np.int8
+
+
 def test_scalar_types_are_separate_decisions(mesh):
     a = mt.distribute_tensor(np.ones((4, 4), np.float32), mesh, [Shard(0)])
     assert (a * 2).dtype == np.float32

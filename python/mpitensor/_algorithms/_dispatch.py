@@ -157,13 +157,9 @@ def decide(key, operands, build=None) -> tuple:
     return _C.decide(key, tuple(operands), build)
 
 
-def outside_local(shape, dtype) -> np.ndarray:
-    """The local array of a rank outside the mesh: empty, and 0-d (zero) for a 0-d
-    result, as torch's op on an empty local gives. Local.
-
-    Example: ``outside_local((), np.float64).shape == ()``.
-    """
-    return np.zeros((), dtype) if len(shape) == 0 else np.empty((0,), dtype)
+# The local array of a rank outside the mesh (empty, a 0-d zero for a 0-d
+# result): the executor's own rule, for the entries that wrap results themselves.
+outside_local = _C.outside_local
 
 
 # -- operands ---------------------------------------------------------------------
