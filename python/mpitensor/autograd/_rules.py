@@ -43,8 +43,14 @@ __all__: list = []
 
 # -- helpers ---------------------------------------------------------------------------
 
-def _sum_to(g: DTensor, shape: tuple) -> DTensor:
-    """``g`` summed over the dims broadcasting added to ``shape``."""
+def sum_to(g, shape):
+    """``g`` (a DTensor or an ndarray) summed over the dims that broadcasting
+    ``shape`` to it added: the gradient of an operand of that shape, for every
+    backward that broadcasts.
+
+    Example: ``sum_to(g, (1, 4))`` of a (3, 4) ``g`` is ``g.sum(0, keepdims=True)``.
+    """
+    shape = tuple(shape)
     if g.shape == shape:
         return g
     lead = g.ndim - len(shape)
@@ -56,7 +62,7 @@ def _sum_to(g: DTensor, shape: tuple) -> DTensor:
 
 def _fit(gx, x):
     """A gradient for operand ``x``: broadcast dims summed away, ``x``'s dtype."""
-    gx = _sum_to(gx, x.shape)
+    gx = sum_to(gx, x.shape)
     return gx if gx.dtype == x.dtype else gx.astype(x.dtype)
 
 

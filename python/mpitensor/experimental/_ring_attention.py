@@ -21,6 +21,7 @@ import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
 from .. import _comm
+from ..autograd._rules import sum_to
 from . import _load_balance as LB
 from .._fingerprint import fingerprint
 from ._agree import agree_on_shards
@@ -323,21 +324,9 @@ def ring_attention_backward(saved, grad_out):
         acc.attend(k, v, segments[0], dk, dv)
     else:
         dk, dv = _grad_ring(s, k, v, segments, acc)
-    dq = _sum_to(acc.dq, s.q.shape)
+    dq = sum_to(acc.dq, s.q.shape)
     return (np.moveaxis(dq, -2, s.dims[0]), np.moveaxis(dk, -2, s.dims[1]),
             np.moveaxis(dv, -2, s.dims[2]))
-
-
-def _sum_to(a, shape):
-    """``a`` summed over the batch dims that broadcasting added to ``shape``."""
-    shape = tuple(shape)
-    if a.shape == shape:
-        return a
-    lead = a.ndim - len(shape)
-    if lead:
-        a = a.sum(axis=tuple(range(lead)))
-    axes = tuple(i for i, (m, t) in enumerate(zip(a.shape, shape)) if t == 1 and m != 1)
-    return a.sum(axis=axes, keepdims=True) if axes else a
 
 
 class _GradAccumulator:
@@ -376,14 +365,14 @@ class _GradAccumulator:
                     np.copyto(p, -np.inf, where=mask)
                 p -= lse
                 np.exp(p, out=p)
-                dv[..., cols, :] += _sum_to(np.matmul(np.swapaxes(p, -1, -2), g),
+                dv[..., cols, :] += sum_to(np.matmul(np.swapaxes(p, -1, -2), g),
                                             dv.shape[:-2] + (kn, dv.shape[-1]))
                 ds = np.matmul(g, np.swapaxes(vt, -1, -2))
                 ds -= delta
                 ds *= p
                 ds *= self.scale
                 self.dq[..., rows, :] += np.matmul(ds, kt)
-                dk[..., cols, :] += _sum_to(np.matmul(np.swapaxes(ds, -1, -2), q),
+                dk[..., cols, :] += sum_to(np.matmul(np.swapaxes(ds, -1, -2), q),
                                             dk.shape[:-2] + (kn, dk.shape[-1]))
             self.progress()
 

@@ -26,6 +26,7 @@ from .._algorithms import _dispatch as D
 from .._ops import _linalg
 from ..placement_types import Partial, Replicate, Shard
 from ..autograd import Function
+from ..autograd._rules import sum_to
 from . import _kernels
 
 __all__ = ["softmax", "log_softmax", "linear", "relu", "gelu", "silu", "dropout", "layer_norm",
@@ -229,7 +230,7 @@ class _Linear(Function):
             gw = _as_dtype(_linear_grad_weight(g, input, sub) if local else
                            np.einsum(sub, g, input, optimize=True), weight.dtype)
         if need[2]:
-            gb = _as_dtype(_sum_to(g, bias.shape), bias.dtype)
+            gb = _as_dtype(sum_to(g, bias.shape), bias.dtype)
         return gi, gw, gb
 
 
@@ -265,15 +266,6 @@ def _rows2(a):
 
 def _as_dtype(g, dtype):
     return g if g.dtype == dtype else g.astype(dtype)
-
-
-def _sum_to(g, shape):
-    """``g`` summed over the dims that broadcasting ``shape`` to it added."""
-    lead = g.ndim - len(shape)
-    if lead:
-        g = g.sum(axis=tuple(range(lead)))
-    axes = tuple(i for i, (n, m) in enumerate(zip(shape, g.shape)) if n == 1 and m != 1)
-    return g.sum(axis=axes, keepdims=True) if axes else g
 
 
 def _linear_forward(input, weight, bias):
