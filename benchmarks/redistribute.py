@@ -795,7 +795,7 @@ def _axes_style(ax, FuncFormatter):
 
 def plot(result, path):
     """One panel per transition: ratio of medians against size, the interquartile
-    range of the per-repetition ratio as a band, the issue's target as a line; with
+    range of the per-repetition ratio as a band, the target (TARGET_LINES) as a line; with
     torch, a last panel with torch/mt."""
     try:
         import matplotlib
