@@ -320,7 +320,19 @@ static PyObject *new_spec(PyObject *Py_UNUSED(module), PyObject *const *a, Py_ss
   return spec;
 }
 
+/* inexact(dtype): see the method table. */
+static PyObject *inexact(PyObject *Py_UNUSED(module), PyObject *dtype) {
+  if (!PyArray_DescrCheck(dtype))
+    return PyErr_Format(PyExc_TypeError, "inexact(dtype: numpy.dtype), got %R", dtype);
+  return PyBool_FromLong(mt_ext_inexact((PyArray_Descr *)dtype));
+}
+
 PyMethodDef mt_ext_spec_methods[] = {
+    {"inexact", inexact, METH_O,
+     "inexact(dtype) -> whether values of `dtype` carry gradients: floating point, "
+     "complex or ml_dtypes' bfloat16 (the executor's rule). Local.\n\n"
+     "Example: _C.inexact(numpy.dtype(numpy.float32)) and not "
+     "_C.inexact(numpy.dtype(numpy.int64))"},
     {"new_spec", (PyCFunction)(void (*)(void))new_spec, METH_FASTCALL | METH_KEYWORDS,
      "new_spec(cls, mesh, placements, shape, dtype, stride) -> a new `cls` (a "
      "NamedTuple of those fields, DTensorSpec) holding them: DTensorSpec's __new__, "

@@ -12,6 +12,8 @@ import sys
 
 import numpy as np
 
+from . import _C
+
 # ml_dtypes is imported when bfloat16 is first asked for by name, not with
 # mpitensor: its import costs several times mpitensor's own, and every process of
 # an MPI job pays it at start. A bfloat16 array cannot exist before ml_dtypes is
@@ -94,12 +96,12 @@ def is_floating(dtype) -> bool:
 
 
 def is_inexact(dtype) -> bool:
-    """Floating point or complex: the dtypes whose values carry gradients.
+    """Floating point or complex (bfloat16 too): the dtypes whose values carry
+    gradients, by the executor's own rule (``_C.inexact``).
 
     Example: ``is_inexact(np.int64)`` is False.
     """
-    dtype = np.dtype(dtype)
-    return dtype.kind in "fc" or is_bfloat16(dtype)
+    return _C.inexact(dtype if isinstance(dtype, np.dtype) else np.dtype(dtype))
 
 
 def is_narrow_float(dtype) -> bool:

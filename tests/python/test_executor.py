@@ -144,6 +144,25 @@ def test_one_rule_says_what_a_scalar_operand_is():
         assert not D.is_scalar(v), v
 
 
+def test_one_rule_says_which_dtypes_carry_gradients():
+    """Floating point, complex and bfloat16 values carry gradients, for the
+    executor and the Python side alike (one rule, in C); bools, ints and other
+    2-byte void dtypes do not."""
+    from mpitensor import _dtypes
+    inexact = [np.float16, np.float32, "f8", np.complex64]
+    try:
+        import ml_dtypes
+        inexact.append(ml_dtypes.bfloat16)
+    except ImportError:
+        pass
+    for t in inexact:
+        assert _dtypes.is_inexact(t) and _C.inexact(np.dtype(t)), t
+    for t in (bool, np.int8, np.uint64, "V2"):
+        assert not _dtypes.is_inexact(t) and not _C.inexact(np.dtype(t)), t
+    with pytest.raises(TypeError):
+        _C.inexact("f8")
+
+
 def test_a_rank_outside_the_mesh_holds_the_executors_stand_in():
     """The entries that wrap a result themselves give a rank outside the mesh the
     executor's local array: empty, a 0-d zero for a 0-d result, of the dtype."""
