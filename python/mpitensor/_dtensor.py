@@ -293,7 +293,7 @@ class DTensor(_C.DTensorBase):
         """
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
             shape = shape[0]
-        if not _registry.rules:
+        if not _registry.ruled(np.reshape):
             # A reshape of this layout that reshaped each rank's block in place
             # before: C agrees on it and makes the view.
             out = _C.block_reshape(np.reshape, self, shape, order, sys._getframe(1))
@@ -352,7 +352,7 @@ class DTensor(_C.DTensorBase):
         cut, else local. Other advanced keys (integer DTensors, several arrays) are
         NumPy's indexing on the gathered arrays, copies. Example: ``dt[1:, ::2]``,
         ``dt[..., 0, None]``; ``dt[1][0, 0] = 5.0`` writes ``dt[1, 0, 0]``."""
-        if not _registry.rules:
+        if not _registry.ruled(operator.getitem):
             # A key this mesh has seen on this layout, that moves nothing: C agrees
             # on it and makes the view from the kept plan.
             out = _C.basic_view(self, key)
@@ -380,7 +380,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt[1:3] = 0.0``; ``dt[dt < 0] = 0``; ``dt[[0, 5]] = 1.0``.
         """
-        if not _registry.rules and _C.basic_write(self, key, value) is None:
+        if not _registry.ruled(operator.setitem) and _C.basic_write(self, key, value) is None:
             # A number through a key this mesh has seen on this layout: C agrees on
             # the write and makes it on each rank's cut.
             return

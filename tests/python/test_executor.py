@@ -866,6 +866,32 @@ def test_a_number_written_through_a_kept_basic_key_is_written_in_c(mesh, monkeyp
     np.testing.assert_array_equal(i8.full_tensor()[0], np.ones(3, np.int8))
 
 
+def test_a_user_rule_beats_the_views_and_writes_made_in_c(mesh):
+    """A user's rule for operator.getitem, operator.setitem or np.reshape runs in
+    place of the view, write or reshape C makes from what the mesh keeps, once
+    those are cached: each fast path asks _registry.ruled, the door's rule."""
+    from mpitensor import _registry
+    x = mt.distribute_tensor(np.arange(8.0 * W).reshape(2 * W, 4), mesh, [Shard(0)])
+    for _ in range(2):  # the plans kept, the C paths taken
+        x[:, :2]
+        x[:, 1] = 1.0
+        x.reshape(-1, 2)
+    funcs, seen = (operator.getitem, operator.setitem, np.reshape), []
+    assert not _registry.ruled(*funcs)
+    for func in funcs:
+        _registry.set_rule(func, lambda args, kwargs, f=func: seen.append(f) or "ruled")
+    try:
+        assert _registry.ruled(np.reshape) and not _registry.ruled(np.add)
+        assert x[:, :2] == "ruled"
+        x[:, 1] = 5.0
+        assert x.reshape(-1, 2) == "ruled"
+    finally:
+        for func in funcs:
+            _registry.set_rule(func, None)
+    assert seen == list(funcs)
+    assert (x.full_tensor()[:, 1] == 1.0).all()  # the rule wrote nothing
+
+
 def test_a_write_into_a_base_of_copy_views_reaches_them_by_the_python_entry(mesh):
     """While a copy-view lives (a basic index NumPy's view of a local array cannot
     hold), an in-place operator takes the Python entry, whose write makes the

@@ -220,7 +220,7 @@ class _Linear(Function):
         need = ctx.needs_input_grad
         gi = gw = gb = None
         local = (_kernels.enabled and weight.ndim == 2 and input.ndim >= 1
-                 and not {np.matmul, np.einsum} & _registry.rules.keys())
+                 and not _registry.ruled(np.matmul, np.einsum))
         if need[0]:
             gi = _linear_grad_input(g, weight) if local else np.matmul(g, weight)
             gi = _as_dtype(gi, input.dtype)
@@ -270,7 +270,7 @@ def _as_dtype(g, dtype):
 
 def _linear_forward(input, weight, bias):
     if _kernels.enabled and weight.ndim == 2 and input.ndim >= 1 \
-            and np.matmul not in _registry.rules:
+            and not _registry.ruled(np.matmul):
         out, fused = _linear_local(input, weight, bias)
     else:  # what matmul's rule (or a rule registered for it) makes of it
         out, fused = np.matmul(input, weight.T), bias is None
