@@ -213,6 +213,7 @@ int mt_dimmap_reduction(const mt_reduction_rule *rule, int ndim, uint32_t axes,
     map.label_kind[d] = op < 0 ? MT_LABEL_REPLICATE : MT_LABEL_REDUCE;
     map.label_reduce_op[d] = op < 0 ? 0 : op;
     if (op >= 0 && rule->even_only) map.even_only |= 1u << d;
+    if (op >= 0 && rule->logical) map.empty_identity |= 1u << d;
   }
   for (int d = 0; d < ndim; ++d) {
     if (!bit(axes, d)) {

@@ -41,10 +41,10 @@ static int check_masks(const mt_dimmap *map, mt_error *err) {
                     map->ninputs);
   if (map->partial_ops & ~low_bits(MT_REDUCE_COUNT))
     return mt__fail(err, MT_EINVAL, "partial_ops names unknown reduce ops");
-  if ((map->even_only | map->sized_labels) & ~low_bits(map->nlabels))
+  if ((map->even_only | map->sized_labels | map->empty_identity) & ~low_bits(map->nlabels))
     return mt__fail(err, MT_EINVAL,
-                    "even_only or sized_labels names labels beyond the %d labels",
-                    map->nlabels);
+                    "even_only, sized_labels or empty_identity names labels beyond the %d "
+                    "labels", map->nlabels);
   for (int l = 0; l < map->nlabels; ++l) {
     if (bit(map->sized_labels, l) && map->label_size[l] < 0)
       return mt__fail(err, MT_EINVAL, "label_size[%d] is %" PRId64 "; it must be >= 0",

@@ -16,12 +16,14 @@ static int even_only(const mt_dimmap *map, int l) {
 /* Whether a shard of label l may be empty: a kept label leaves an output shard
  * empty (as its inputs already are), and a contraction or a sum or product over
  * an empty shard is its identity (0 or 1), which the pending Partial adds or
- * multiplies in harmlessly. Max and min have no such value, and an average
- * weighs its shards equally, so those need an element in every shard. */
+ * multiplies in harmlessly; so are all's and any's (empty_identity). Max and min
+ * have no such value, and an average weighs its shards equally, so those need an
+ * element in every shard. */
 static int may_be_empty(const mt_dimmap *map, int l) {
   int kind = map->label_kind[l], op = map->label_reduce_op[l];
   return kind == MT_LABEL_KEEP || kind == MT_LABEL_CONTRACT ||
-         (kind == MT_LABEL_REDUCE && (op == MT_REDUCE_SUM || op == MT_REDUCE_PRODUCT));
+         (kind == MT_LABEL_REDUCE && (op == MT_REDUCE_SUM || op == MT_REDUCE_PRODUCT ||
+                                      bit(map->empty_identity, l)));
 }
 
 /* Whether label l may be cut into `shards` chunks: even_only labels need equal

@@ -2012,9 +2012,21 @@ static void test_builder_reduction(void) {
     CHECK(mt_dimmap_reduction(&any, 2, 3u, 0, dtypes[k], &m, NULL) == MT_OK);
     CHECK_MSG(m.label_kind[0] == MT_LABEL_REDUCE && m.label_kind[1] == MT_LABEL_REDUCE &&
                   m.label_reduce_op[0] == MT_REDUCE_MAX && m.out_ndim == 0 &&
-                  m.partial_rule == MT_PARTIAL_NONE,
+                  m.partial_rule == MT_PARTIAL_NONE && m.empty_identity == 3u,
               "dtype %d", dtypes[k]);
   }
+  /* 9 rows over 4 ranks leave one shard empty (3, 3, 3, 0): any's Partial(max)
+   * still holds there (False), where max's would have nothing to hold. */
+  static const int64_t four[1] = {4};
+  tin nine = {2, {9, 3}, {S(0)}};
+  mt_prop_inputs in = make_inputs(1, &nine, 1, four);
+  CHECK(mt_dimmap_reduction(&any, 2, 3u, 0, MT_DTYPE_BOOL, &m, NULL) == MT_OK);
+  mt_prop_result r = run(&m, &in);
+  EXPECT_OUT(r, 1, 1, P(MT_REDUCE_MAX));
+  CHECK(r.bytes == 0);
+  CHECK(mt_dimmap_reduction(&rules[2], 2, 3u, 0, MT_DTYPE_FLOAT64, &m, NULL) == MT_OK);
+  r = run(&m, &in);
+  CHECK(r.out_placements[0].kind != MT_PLACEMENT_PARTIAL);
 }
 
 /* ---- Random cases through the checker. ---- */

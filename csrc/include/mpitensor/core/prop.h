@@ -102,6 +102,9 @@ typedef enum mt_partial_rule {
  * `reduce_first[i]` is a bitmask of mt_reduce_op values: a Partial of one of them
  * that input i carries is reduced first, whatever `partial_rule` allows, because
  * the rule's rewrite is not exact in the op's dtypes (mt_dimmap_dtypes fills it).
+ * A REDUCE label of max or min needs an element in every shard, unless it is in
+ * `empty_identity`: all's and any's reduction of an empty shard is the identity of
+ * their bool min and max.
  * Zero-initialise the struct and fill what the op uses. */
 typedef struct mt_dimmap {
   int ninputs;
@@ -122,6 +125,7 @@ typedef struct mt_dimmap {
   uint32_t out_resized;                   /* bit d: output dim d is out_size[d] long */
   int64_t out_size[MT_MAX_NDIM];
   uint32_t reduce_first[MT_PROP_MAX_INPUTS];
+  uint32_t empty_identity; /* REDUCE labels whose empty shard gives the op's identity */
 } mt_dimmap;
 
 /* ---- Dim maps of the operation families, built from an op's signature. ---- */
