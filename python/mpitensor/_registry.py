@@ -68,14 +68,11 @@ def set_rule(func, rule) -> None:
     _C.set_user_rule(func, rule is not None)
 
 
-def ruled(*funcs) -> bool:
-    """Whether a user's rule (:func:`set_rule`) runs in place of the built-in
-    operation for any of ``funcs``: a fast path that skips the door steps aside
-    then, so that the rule beats the built-in one everywhere. Local.
-
-    Example: ``if not ruled(operator.getitem): ...`` before a view made in C.
-    """
-    return bool(rules) and any(f in rules for f in funcs)
+# ruled(func): whether a user's rule (set_rule) runs in place of the built-in
+# operation ``func``. A fast path that skips the door asks it and steps aside, so
+# that the rule beats the built-in one everywhere; it is the dict's own lookup
+# because the commonest calls (a basic key) ask it.
+ruled = rules.__contains__
 
 
 def clear_rules() -> None:

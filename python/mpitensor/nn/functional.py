@@ -220,7 +220,7 @@ class _Linear(Function):
         need = ctx.needs_input_grad
         gi = gw = gb = None
         local = (_kernels.enabled and weight.ndim == 2 and input.ndim >= 1
-                 and not _registry.ruled(np.matmul, np.einsum))
+                 and not (_registry.ruled(np.matmul) or _registry.ruled(np.einsum)))
         if need[0]:
             gi = _linear_grad_input(g, weight) if local else np.matmul(g, weight)
             gi = _as_dtype(gi, input.dtype)
