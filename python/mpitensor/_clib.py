@@ -27,6 +27,7 @@ import sys
 import types
 
 import numpy as np
+from threadpoolctl import threadpool_info
 
 from . import _C
 
@@ -108,7 +109,6 @@ def numpy_openblas() -> str | None:
 
     Example: ``numpy_openblas()`` -> ``'.../numpy.libs/libscipy_openblas64_-....so'``.
     """
-    from threadpoolctl import threadpool_info
     found = [i for i in threadpool_info()
              if i.get("user_api") == "blas" and i.get("internal_api") == "openblas"]
     found.sort(key=lambda i: i.get("prefix") != "libscipy_openblas")
