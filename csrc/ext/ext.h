@@ -588,6 +588,10 @@ int mt_ext_agree_on(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,
 /* Whether `o` is large enough that np.isnan's or np.where's blocks of it may wait
  * for the reduction that reads them, the same on every rank. */
 int mt_ext_may_defer(const mt_ext_dispatch *d, PyObject *o);
+/* Whether `spec`'s placements hold whole lanes along `ax` with nothing to reduce:
+ * no Partial, and no Shard of dim `ax` (ax < 0: of none). A placement C cannot
+ * read counts as neither (0), for the Python entry to take (ext_families.c). */
+int mt_ext_whole_along(const mt_ext_dispatch *d, PyObject *spec, long ax);
 /* func(*args, **kwargs) of a function family (elementwise, cast, lanes, join) run
  * by the executor, agreed on the frame `caller`; NotImplemented before any
  * agreement where the family does not take the call. */

@@ -590,8 +590,8 @@ static PyObject *outside_local_of(PyObject *Py_UNUSED(module), PyObject *const *
 PyMethodDef mt_ext_exec_methods[] = {
     {"outside_local", (PyCFunction)(void (*)(void))outside_local_of, METH_FASTCALL,
      "outside_local(shape, dtype) -> the local array of a rank outside the mesh for a "
-     "result of global `shape` (a sequence): empty, and a 0-d zero for a 0-d result, as torch's op "
-     "on an empty local gives (the executor's own). Local.\n\n"
+     "result of global `shape` (a sequence): empty, and a 0-d zero for a 0-d result, "
+     "as torch's op on an empty local gives (the executor's own). Local.\n\n"
      "Example: _C.outside_local((), numpy.float64).shape == ()"},
     {"execute", (PyCFunction)(void (*)(void))execute, METH_FASTCALL | METH_KEYWORDS,
      "execute(key, operands, build=None, local=None, *, extra=(), kwargs=None, "

@@ -66,10 +66,7 @@ static PyObject *elementwise_call(mt_ext_dispatch *d, const mt_ext_sig *sig,
   return out;
 }
 
-/* Whether `spec`'s placements hold whole lanes along `ax` with nothing to reduce:
- * no Partial, and no Shard of dim `ax` (ax < 0: of none). A placement C cannot
- * read is the entry's (0). */
-static int whole_along(const mt_ext_dispatch *d, PyObject *spec, long ax) {
+int mt_ext_whole_along(const mt_ext_dispatch *d, PyObject *spec, long ax) {
   PyObject *placements = PyTuple_GET_ITEM(spec, 1);
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(placements); ++i) {
     mt_placement code;
@@ -110,11 +107,67 @@ static PyObject *run_unmoved(mt_ext_dispatch *d, const mt_ext_op *op, PyObject *
   return mt_ext_door_hook(d, op->sig->func, args, kwargs, Py_True);
 }
 
+/* run_unmoved of `op` with the local function's extra arguments `nints` Python
+ * ints: `a`, then `b` (np.diff's n and axis, or an axis alone). */
+static PyObject *run_with_ints(mt_ext_dispatch *d, const mt_ext_op *op, int nints, long a,
+                               long b, PyObject *const *items, int n, int64_t aux,
+                               PyObject *args, PyObject *kwargs, const PyObject *caller) {
+  PyObject *extra[2] = {PyLong_FromLong(a), nints > 1 ? PyLong_FromLong(b) : NULL}, *out = NULL;
+  if (extra[0] != NULL && (nints < 2 || extra[1] != NULL)) {
+    mt_ext_op with = *op;
+    with.extra = extra, with.nextra = nints;
+    out = run_unmoved(d, &with, items, n, aux, args, kwargs, caller);
+  }
+  Py_XDECREF(extra[0]);
+  Py_XDECREF(extra[1]);
+  return out;
+}
+
+/* The argument at `i` of func(x, ...), positional or by `name`, or NULL when the
+ * call does not give it; `*bad` set where both give it. */
+static PyObject *argument(PyObject *args, PyObject *kwargs, Py_ssize_t i, PyObject *name,
+                          int *bad) {
+  PyObject *kw = PyDict_GET_SIZE(kwargs) != 0 ? PyDict_GetItemWithError(kwargs, name) : NULL;
+  if (kw == NULL && PyErr_Occurred()) PyErr_Clear(), *bad = 1;
+  if (i < PyTuple_GET_SIZE(args)) {
+    if (kw != NULL) *bad = 1;
+    return PyTuple_GET_ITEM(args, i);
+  }
+  return kw;
+}
+
+/* The spec of func(x, ...)'s x when the executor may take it along its lanes: a
+ * DTensor of this rank's mesh that the door would not take (mt_ext_door_operand);
+ * else NULL. */
+static PyObject *lanes_operand(mt_ext_dispatch *d, PyObject *args) {
+  PyObject *x = PyTuple_GET_SIZE(args) >= 1 ? PyTuple_GET_ITEM(args, 0) : NULL;
+  if (x == NULL || Py_TYPE(x) != d->dtensor || mt_ext_door_operand(d, x)) return NULL;
+  PyObject *spec = ((mt_ext_dtensor *)x)->spec;
+  return mt_ext_spec_mesh(d, spec)->member ? spec : NULL;
+}
+
+/* The axis `axis` (an exact int; NULL: `dflt`, MT_EXT_NO_AXIS for none)
+ * normalised, when `spec` holds whole lanes along it (mt_ext_whole_along); else
+ * -1 (no exception). */
+static int whole_axis(const mt_ext_dispatch *d, PyObject *spec, PyObject *axis, long dflt) {
+  Py_ssize_t ndim = PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 2));
+  if (axis != NULL && !PyLong_CheckExact(axis)) return -1;
+  long ax = axis == NULL ? dflt : PyLong_AsLong(axis);
+  if (ax == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return -1;
+  }
+  if (ax == MT_EXT_NO_AXIS || ax < -ndim || ax >= ndim) return -1;
+  if (ax < 0) ax += ndim;
+  return mt_ext_whole_along(d, spec, ax) ? (int)ax : -1;
+}
+
 /* The dtype of x.astype(dtype, copy=True) (func(x, dtype, {"copy": True}) as
  * DTensor.astype calls it, or without copy) when the executor may take the call:
  * x a DTensor of this rank's mesh, without Partials, that the door would not
- * take (mt_ext_door_operand); the dtype a bool or number in the machine's byte order
- * (whose type number alone tells casts apart in the memo's key). New reference, or NULL (no exception): the entry's call. */
+ * take (mt_ext_door_operand); the dtype a bool or number in the machine's byte
+ * order (whose type number alone tells casts apart in the memo's key). New
+ * reference, or NULL (no exception): the entry's call. */
 static PyArray_Descr *cast_dtype(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs) {
   Py_ssize_t pos = 0;
   PyObject *key, *v, *x = PyTuple_GET_SIZE(args) == 2 ? PyTuple_GET_ITEM(args, 0) : NULL;
@@ -123,7 +176,7 @@ static PyArray_Descr *cast_dtype(mt_ext_dispatch *d, PyObject *args, PyObject *k
     return NULL;
   /* A Partial is the entry's: it keeps one that the cast keeps exactly, where the
    * executor would reduce it (on a mesh of one rank, without a move). */
-  if (!whole_along(d, ((mt_ext_dtensor *)x)->spec, -1)) return NULL;
+  if (!mt_ext_whole_along(d, ((mt_ext_dtensor *)x)->spec, -1)) return NULL;
   while (PyDict_Next(kwargs, &pos, &key, &v))
     if (v != Py_True || !PyUnicode_Check(key) ||
         PyUnicode_Compare(key, d->str[MT_S_COPY]) != 0)
@@ -159,37 +212,20 @@ static PyObject *cast_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *
 }
 
 /* The axis of func(x, axis) of a lanes function (register_lanes), normalised, when
- * the executor may take the call: x a DTensor of this rank's mesh that the door
- * would not take (mt_ext_door_operand), without Partials, the axis an int in
- * range (positional or axis=, else the function's default) along which no mesh
- * dim shards x; else -1 (no exception): the entry's call. */
+ * the executor may take the call: x as lanes_operand takes it, without Partials,
+ * the axis an int in range (positional or axis=, else the function's default)
+ * along which no mesh dim shards x, no other argument; else -1 (no exception):
+ * the entry's call. */
 static int lanes_axis(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,
-                      PyObject *kwargs, PyObject **axis) {
-  Py_ssize_t nargs = PyTuple_GET_SIZE(args), nkw = PyDict_GET_SIZE(kwargs);
-  PyObject *x = nargs >= 1 ? PyTuple_GET_ITEM(args, 0) : NULL;
-  if (x == NULL || nargs + nkw > 2 || Py_TYPE(x) != d->dtensor || mt_ext_door_operand(d, x) ||
-      !mt_ext_spec_mesh(d, ((mt_ext_dtensor *)x)->spec)->member)
+                      PyObject *kwargs) {
+  Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+  PyObject *spec = lanes_operand(d, args);
+  int bad = 0;
+  PyObject *axis = spec != NULL ? argument(args, kwargs, 1, d->str[MT_S_AXIS], &bad) : NULL;
+  if (spec == NULL || bad || nargs > 2 ||
+      (nargs > 1) + PyDict_GET_SIZE(kwargs) != (axis != NULL))
     return -1;
-  *axis = nargs == 2 ? PyTuple_GET_ITEM(args, 1) : NULL;
-  if (nkw == 1) {
-    *axis = PyDict_GetItemWithError(kwargs, d->str[MT_S_AXIS]);
-    if (*axis == NULL) {
-      PyErr_Clear();
-      return -1;
-    }
-  }
-  PyObject *spec = ((mt_ext_dtensor *)x)->spec;
-  Py_ssize_t ndim = PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 2));
-  long ax = *axis != NULL && PyLong_CheckExact(*axis) ? PyLong_AsLong(*axis)
-            : *axis == NULL                           ? sig->lanes_axis
-                                                      : MT_EXT_NO_AXIS;
-  if (ax == -1 && PyErr_Occurred()) {
-    PyErr_Clear();
-    return -1;
-  }
-  if (ax == MT_EXT_NO_AXIS || ax < -ndim || ax >= ndim) return -1;
-  if (ax < 0) ax += ndim;
-  return whole_along(d, spec, ax) ? (int)ax : -1;
+  return whole_axis(d, spec, axis, sig->lanes_axis);
 }
 
 /* func(x, axis) of a lanes function: agreed, then run by the executor on each
@@ -197,61 +233,33 @@ static int lanes_axis(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,
  * Python door. */
 static PyObject *lanes_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,
                             PyObject *kwargs, PyObject *caller) {
-  PyObject *axis_arg = NULL;
-  int ax = lanes_axis(d, sig, args, kwargs, &axis_arg);
+  long ax = lanes_axis(d, sig, args, kwargs);
   if (ax < 0) Py_RETURN_NOTIMPLEMENTED;
   if (mt_ext_agree_on(d, sig, args, kwargs, caller) < 0) return NULL;
-  PyObject *x = PyTuple_GET_ITEM(args, 0), *axis = PyLong_FromLong(ax);
-  if (axis == NULL) return NULL;
-  PyObject *extra[1] = {axis};
-  mt_ext_op op = {sig, sig->func, NULL, 0, 0, sig->method, extra, 1, NULL, 0, NULL, 0};
-  PyObject *out = run_unmoved(d, &op, &x, 1, 0, args, kwargs, caller);
-  Py_DECREF(axis);
-  return out;
-}
-
-/* The argument at `i` of func(x, n, axis), positional or by `name`, or NULL when
- * the call does not give it; `*bad` set where both give it. */
-static PyObject *argument(PyObject *args, PyObject *kwargs, Py_ssize_t i, PyObject *name,
-                          int *bad) {
-  PyObject *kw = PyDict_GET_SIZE(kwargs) != 0 ? PyDict_GetItemWithError(kwargs, name) : NULL;
-  if (kw == NULL && PyErr_Occurred()) PyErr_Clear(), *bad = 1;
-  if (i < PyTuple_GET_SIZE(args)) {
-    if (kw != NULL) *bad = 1;
-    return PyTuple_GET_ITEM(args, i);
-  }
-  return kw;
+  mt_ext_op op = {sig, sig->func, NULL, 0, 0, sig->method, NULL, 0, NULL, 0, NULL, 0};
+  return run_with_ints(d, &op, 1, ax, 0, &PyTuple_GET_ITEM(args, 0), 1, 0, args, kwargs,
+                       caller);
 }
 
 /* The axis of np.diff(x, n, axis) when the executor may take the call, n in `*n`:
- * x a DTensor of this rank's mesh that the door would not take, without
- * Partials; n an int of at least 1 (positional or n=, else 1) and the axis an int
- * in range (positional or axis=, else the last) along which no mesh dim shards
- * x, and no other argument; else -1 (no exception): the entry's call. */
+ * x as lanes_operand takes it, without Partials; n an int of at least 1
+ * (positional or n=, else 1) and the axis an int in range (positional or axis=,
+ * else the last) along which no mesh dim shards x, and no other argument; else
+ * -1 (no exception): the entry's call. */
 static int differences_axis(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs, long *n) {
   Py_ssize_t nargs = PyTuple_GET_SIZE(args);
-  PyObject *x = nargs >= 1 ? PyTuple_GET_ITEM(args, 0) : NULL;
-  if (x == NULL || nargs > 3 || Py_TYPE(x) != d->dtensor || mt_ext_door_operand(d, x) ||
-      !mt_ext_spec_mesh(d, ((mt_ext_dtensor *)x)->spec)->member)
-    return -1;
+  PyObject *spec = lanes_operand(d, args);
+  if (spec == NULL || nargs > 3) return -1;
   int bad = 0;
   PyObject *count = argument(args, kwargs, 1, d->str[MT_S_N], &bad);
   PyObject *axis = argument(args, kwargs, 2, d->str[MT_S_AXIS], &bad);
   Py_ssize_t given = (nargs > 1) + (nargs > 2) + PyDict_GET_SIZE(kwargs);
   if (bad || given != (count != NULL) + (axis != NULL) ||
-      (count != NULL && !PyLong_CheckExact(count)) || (axis != NULL && !PyLong_CheckExact(axis)))
+      (count != NULL && !PyLong_CheckExact(count)))
     return -1;
-  PyObject *spec = ((mt_ext_dtensor *)x)->spec;
-  Py_ssize_t ndim = PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 2));
   *n = count == NULL ? 1 : PyLong_AsLong(count);
-  long ax = axis == NULL ? -1 : PyLong_AsLong(axis);
-  if (PyErr_Occurred()) {
-    PyErr_Clear();
-    return -1;
-  }
-  if (*n < 1 || ndim == 0 || ax < -ndim || ax >= ndim) return -1;
-  if (ax < 0) ax += ndim;
-  return whole_along(d, spec, ax) ? (int)ax : -1;
+  if (*n == -1 && PyErr_Occurred()) PyErr_Clear();
+  return *n < 1 ? -1 : whole_axis(d, spec, axis, -1);
 }
 
 /* np.diff(x, n, axis) of a differences function: agreed, then run by the executor
@@ -263,16 +271,10 @@ static PyObject *differences_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyO
   int ax = differences_axis(d, args, kwargs, &n);
   if (ax < 0) Py_RETURN_NOTIMPLEMENTED;
   if (mt_ext_agree_on(d, sig, args, kwargs, caller) < 0) return NULL;
-  PyObject *x = PyTuple_GET_ITEM(args, 0), *extra[2] = {PyLong_FromLong(n), PyLong_FromLong(ax)};
-  PyObject *out = NULL;
-  if (extra[0] != NULL && extra[1] != NULL) {
-    mt_ext_op op = {sig, sig->func, NULL, 1u << ax, 0, sig->method, extra, 2, NULL, 0, NULL, n};
-    /* The memo's key tells calls apart by axis and n: their outputs differ. */
-    out = run_unmoved(d, &op, &x, 1, (int64_t)n * MT_MAX_NDIM + ax, args, kwargs, caller);
-  }
-  Py_XDECREF(extra[0]);
-  Py_XDECREF(extra[1]);
-  return out;
+  mt_ext_op op = {sig, sig->func, NULL, 1u << ax, 0, sig->method, NULL, 0, NULL, 0, NULL, n};
+  /* The memo's key tells calls apart by axis and n: their outputs differ. */
+  return run_with_ints(d, &op, 2, n, ax, &PyTuple_GET_ITEM(args, 0), 1,
+                       (int64_t)n * MT_MAX_NDIM + ax, args, kwargs, caller);
 }
 
 /* The axis of np.concatenate(arrays, axis) when the executor may take the call:
@@ -285,21 +287,14 @@ static PyObject *differences_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyO
  * same shapes throughout. */
 static int join_axis(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,
                      PyObject *kwargs, PyObject **arrays) {
-  Py_ssize_t nargs = PyTuple_GET_SIZE(args), nkw = PyDict_GET_SIZE(kwargs);
+  Py_ssize_t nargs = PyTuple_GET_SIZE(args);
   *arrays = nargs >= 1 ? PyTuple_GET_ITEM(args, 0) : NULL;
-  if (*arrays == NULL || nargs + nkw > 2 ||
+  if (*arrays == NULL || nargs > 2 ||
       !(PyTuple_CheckExact(*arrays) || PyList_CheckExact(*arrays)))
     return -1;
-  PyObject *axis = NULL;
-  if (nargs == 2) {
-    axis = PyTuple_GET_ITEM(args, 1);
-  } else if (nkw == 1) {
-    axis = PyDict_GetItemWithError(kwargs, d->str[MT_S_AXIS]);
-    if (axis == NULL) {
-      PyErr_Clear();
-      return -1;
-    }
-  }
+  int bad = 0;
+  PyObject *axis = argument(args, kwargs, 1, d->str[MT_S_AXIS], &bad);
+  if (bad || (nargs > 1) + PyDict_GET_SIZE(kwargs) != (axis != NULL)) return -1;
   Py_ssize_t n = PySequence_Fast_GET_SIZE(*arrays);
   PyObject *const *items = PySequence_Fast_ITEMS(*arrays);
   if (n < 2 || n > MT_PROP_MAX_INPUTS || (axis != NULL && !PyLong_CheckExact(axis))) return -1;
@@ -331,7 +326,7 @@ static int join_axis(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,
         PyErr_Clear();
         return -1;
       }
-    if (!whole_along(d, spec, stack ? -1 : ax)) return -1;
+    if (!mt_ext_whole_along(d, spec, stack ? -1 : ax)) return -1;
   }
   return (int)ax;
 }
@@ -345,14 +340,9 @@ static PyObject *join_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *
   int ax = join_axis(d, sig, args, kwargs, &arrays);
   if (ax < 0) Py_RETURN_NOTIMPLEMENTED;
   if (mt_ext_agree_on(d, sig, args, kwargs, caller) < 0) return NULL;
-  PyObject *axis = PyLong_FromLong(ax);
-  if (axis == NULL) return NULL;
-  PyObject *extra[1] = {axis};
-  mt_ext_op op = {sig, sig->func, NULL, 1u << ax, 0, sig->method, extra, 1, NULL, 0, NULL, 0};
-  PyObject *out = run_unmoved(d, &op, PySequence_Fast_ITEMS(arrays),
-                              (int)PySequence_Fast_GET_SIZE(arrays), ax, args, kwargs, caller);
-  Py_DECREF(axis);
-  return out;
+  mt_ext_op op = {sig, sig->func, NULL, 1u << ax, 0, sig->method, NULL, 0, NULL, 0, NULL, 0};
+  return run_with_ints(d, &op, 1, ax, 0, PySequence_Fast_ITEMS(arrays),
+                       (int)PySequence_Fast_GET_SIZE(arrays), ax, args, kwargs, caller);
 }
 
 PyObject *mt_ext_family_call(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *args,

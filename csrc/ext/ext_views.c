@@ -112,20 +112,6 @@ static PyObject *basic_view(PyObject *module, PyObject *const *a, Py_ssize_t n) 
   return out;
 }
 
-/* Whether a placement of `spec` is Partial (or one C cannot read). */
-static int any_partial(const mt_ext_dispatch *d, PyObject *spec) {
-  PyObject *placements = PyTuple_GET_ITEM(spec, 1);
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(placements); ++i) {
-    mt_placement code;
-    if (mt_ext_placement_code(d, PyTuple_GET_ITEM(placements, i), &code) < 0) {
-      PyErr_Clear();
-      return 1;
-    }
-    if (code.kind == MT_PLACEMENT_PARTIAL) return 1;
-  }
-  return 0;
-}
-
 /* basic_write(dt, key, value): see the method table. */
 static PyObject *basic_write(PyObject *module, PyObject *const *a, Py_ssize_t n) {
   if (n != 3) return PyErr_Format(PyExc_TypeError, "basic_write(dt, key, value)");
@@ -139,7 +125,8 @@ static PyObject *basic_write(PyObject *module, PyObject *const *a, Py_ssize_t n)
   if (Py_TYPE(a[0]) != d->dtensor || mt_ext_door_operand(d, a[0]) ||
       mt_ext_events(d->modes) ||
       (vt != &PyFloat_Type && vt != &PyLong_Type && vt != &PyBool_Type) ||
-      any_partial(d, b->spec) || !PyArray_ISWRITEABLE((PyArrayObject *)b->local) ||
+      !mt_ext_whole_along(d, b->spec, -1) ||
+      !PyArray_ISWRITEABLE((PyArrayObject *)b->local) ||
       mt_ext_has_copy_views(d->modes, b->local))
     Py_RETURN_NOTIMPLEMENTED;
   PyObject *ck = index_key(module, a[1]);
