@@ -188,10 +188,9 @@ static void unordered(mt_dimmap *map) {
     map->partial_rule = MT_PARTIAL_NONE, map->partial_ops = 0;
 }
 
-/* Max and min of bool or complex values are not combined here: complex numbers
- * have no order, and a bool max over an empty shard has nothing to give its
- * Partial. All and any (`logical`), whose empty block gives their identity,
- * combine their bool results whatever the input's dtype. */
+/* Max and min of complex values have no order, so they do not combine; those of
+ * bool values are not combined here either (their reduced dims are made whole).
+ * All and any (`logical`) combine their bool results whatever the input's dtype. */
 static int combinable(int op, int dtype, int logical) {
   if (logical || (op != MT_REDUCE_MAX && op != MT_REDUCE_MIN)) return op >= 0;
   return dtype != MT_DTYPE_BOOL && dtype != MT_DTYPE_COMPLEX64 &&

@@ -220,7 +220,8 @@ typedef struct mt_reduction_rule {
  * the bitmask `axes`: kept dims are KEEP; with `keepdims` each reduced dim stays
  * as a new sized REPLICATE label of size 1. Max and min of bool or complex values
  * (`dtype`, an mt_dtype code; not a `logical` rule's) are not combined here, so
- * their reduced dims are REPLICATE and Partials are reduced first. Axes beyond ndim are MT_EINVAL. */
+ * their reduced dims are REPLICATE and Partials are reduced first. Axes beyond
+ * ndim are MT_EINVAL. */
 int mt_dimmap_reduction(const mt_reduction_rule *rule, int ndim, uint32_t axes,
                         int keepdims, int dtype, mt_dimmap *out, mt_error *err);
 
