@@ -20,7 +20,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 

@@ -20,7 +20,7 @@ import warnings
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from .. import _args, _registry
+from .. import _registry
 from .._bind import core
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides

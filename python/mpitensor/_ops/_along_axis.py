@@ -388,11 +388,6 @@ def diff(a, n=1, axis=-1, prepend=np._NoValue, append=np._NoValue):
     name = "numpy.diff"
     if type(a) is not DTensor:  # a DTensor prepend= or append= called the rule
         a = D.implicit((a, prepend, append))[0]
-    elif (type(n) is int and n > 0 and type(axis) is int and prepend is np._NoValue
-          and append is np._NoValue):
-        out = _diff_here(a, n, axis)
-        if out is not None:
-            return out
     axes = _axis(name, a, axis)
     plain = prepend is np._NoValue and append is np._NoValue
     if not plain and axes is not None and any(
@@ -417,33 +412,6 @@ def diff(a, n=1, axis=-1, prepend=np._NoValue, append=np._NoValue):
 
 
 _diff_ndarray = _ndarray_only(np.diff)
-
-
-def _diff_here(a, n, axis):
-    """np.diff of ``a`` along ``axis`` where every lane is whole on its rank (no
-    Partial, no mesh dim shards the axis) and this rank's block is not empty:
-    NumPy on the block, placements kept. None for any other call. The common
-    call, kept short: along_axes' local path without its generality. Local."""
-    spec = a._spec
-    nd = len(spec.shape)
-    if spec.mesh._coordinate is None or not -nd <= axis < nd:
-        return None
-    ax = axis % nd
-    for p in spec.placements:
-        kind = type(p)
-        if kind is not Replicate and (kind is not Shard or p.dim == ax):
-            return None
-    mine = a.to_local() if a._requires_grad else a._data()
-    if not mine.size:
-        return None
-    local = _diff_cut(mine, n, _DIFF_SLICES.get((nd, ax)) or _diff_slices(nd, ax))
-    if _modes.tracing:
-        _trace.local("numpy.diff", [a], spec.placements)
-    shape = list(spec.shape)
-    shape[ax] = max(shape[ax] - n, 0)
-    shape = tuple(shape)
-    return DTensor(local, DTensorSpec(spec.mesh, spec.placements, shape, local.dtype,
-                                      contiguous_strides(shape)))
 
 
 def _diff_slices(ndim, axis) -> tuple:

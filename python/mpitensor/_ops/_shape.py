@@ -325,9 +325,6 @@ def _joined(arrays: tuple, ax: int):
 # map is the core's mt_dimmap_join (each input's axis a label of its own, the
 # output's as long as theirs together; joining is linear, so Partials pass).
 _C.register_join(np.concatenate, _C.concatenate_blocks, _registry.call_label(np.concatenate))
-# NumPy's concatenate of ndarrays without its __array_function__ dispatch (NEP 18's
-# ``_implementation``): the local arrays are plain, so no other type can claim the call.
-_concatenate_ndarrays = getattr(np.concatenate, "_implementation", np.concatenate)
 
 
 @_registry.implements(np.stack)

@@ -18,7 +18,7 @@ import math
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
-from .. import _C, _dtypes, _modes, _registry, _trace, random as _random
+from .. import _dtypes, _modes, _registry, _trace, random as _random
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
