@@ -291,6 +291,18 @@ def test_a_cached_operation_calls_python_once(mesh):
             "error": 0, "dtype": 2 * miss, "errstate": 0, "deferred": 0, "runs": 2}
 
 
+def entries_entered(monkeypatch, *funcs):
+    """The list to which each call of a Python entry of ``funcs`` appends its
+    function, while the test runs."""
+    from mpitensor import _registry
+    entered = []
+    for func in funcs:
+        entry = _registry.functions[func]
+        monkeypatch.setitem(_registry.functions, func, lambda *a, _e=entry, _f=func, **k: (
+            entered.append(_f), _e(*a, **k))[1])
+    return entered
+
+
 def in_c_or_entry(in_c, in_entry, entered, exact=True):
     """Each (call, NumPy's answer) of ``in_c`` runs in C, none of ``in_entry``
     does, once the decision is made: an entry enters (``entered`` lists them) only
@@ -381,12 +393,7 @@ def test_where_and_clip_of_dtensors_and_scalars_run_in_c_else_in_their_entries(
     every rank) or a gradient wanted leaves the call to the entry, before C
     agrees on it (no hand-back through the door hook). Either way, NumPy's
     answer."""
-    from mpitensor import _registry
-    entered = []
-    for func in (np.where, np.clip):
-        entry = _registry.functions[func]
-        monkeypatch.setitem(_registry.functions, func, lambda *a, _e=entry, **k: (
-            entered.append(_e.__name__), _e(*a, **k))[1])
+    entered = entries_entered(monkeypatch, np.where, np.clip)
     a = np.arange(4.0 * W * 3).reshape(4 * W, 3) - 5
     x = mt.distribute_tensor(a, mesh, [Shard(0)])
     r = mt.distribute_tensor(a[::-1].copy(), mesh, [Replicate()])
@@ -408,7 +415,7 @@ def test_where_and_clip_of_dtensors_and_scalars_run_in_c_else_in_their_entries(
     g = mt.distribute_tensor(a, mesh, [Shard(0)], requires_grad=True)
     entered[:], before = [], _trace.hook_stats()["entry"]
     np.testing.assert_array_equal(np.clip(g, -1, 3).detach().full_tensor(), np.clip(a, -1, 3))
-    assert entered == ["clip"] and _trace.hook_stats()["entry"] == before
+    assert entered == [np.clip] and _trace.hook_stats()["entry"] == before
 
 
 def test_all_and_any_run_in_c_leaving_a_bool_partial(mesh, monkeypatch):
@@ -418,12 +425,7 @@ def test_all_and_any_run_in_c_leaving_a_bool_partial(mesh, monkeypatch):
     all, Partial("max") for any, as torch keeps one; a Partial input is reduced
     first; a block left empty (fewer rows than ranks) gives the identity. out=
     takes the entry. Either way, NumPy's answer."""
-    from mpitensor import _registry
-    entered = []
-    for func in (np.all, np.any):
-        entry = _registry.functions[func]
-        monkeypatch.setitem(_registry.functions, func, lambda *a, _e=entry, **k: (
-            entered.append(_e.__name__), _e(*a, **k))[1])
+    entered = entries_entered(monkeypatch, np.all, np.any)
     rng = np.random.default_rng(3)
     a = rng.standard_normal((2 * W, 3))
     m = a > 0.5
@@ -461,12 +463,7 @@ def test_sort_cumsum_and_flip_along_an_unsharded_axis_run_in_c_else_in_their_ent
     axis, the flattened array, with another keyword, of a Partial, or with a
     gradient wanted, the entry runs, C agreeing on nothing first. Either way,
     NumPy's answer (bit for bit from C)."""
-    from mpitensor import _registry
-    entered = []
-    for func in (np.sort, np.cumsum, np.flip):
-        entry = _registry.functions[func]
-        monkeypatch.setitem(_registry.functions, func, lambda *a, _e=entry, **k: (
-            entered.append(_e.__name__), _e(*a, **k))[1])
+    entered = entries_entered(monkeypatch, np.sort, np.cumsum, np.flip)
     rng = np.random.default_rng(7)
     a = rng.standard_normal((4 * W, 5))
     i8 = rng.integers(-100, 100, (4 * W, 5)).astype(np.int8)
@@ -497,7 +494,7 @@ def test_sort_cumsum_and_flip_along_an_unsharded_axis_run_in_c_else_in_their_ent
     g = mt.distribute_tensor(a, mesh, [Shard(0)], requires_grad=True)
     entered[:] = []
     np.sort(g, 1).sum().backward()
-    assert entered == ["sort"]
+    assert entered == [np.sort]
     np.testing.assert_array_equal(g.grad.full_tensor(), np.ones_like(a))
 
 
@@ -507,11 +504,7 @@ def test_concatenate_along_an_unsharded_axis_runs_in_c_else_in_its_entry(mesh, m
     entered, NumPy's promotion kept; along a sharded axis, with another keyword, of
     a Partial or of other dims that differ (NumPy's ValueError, on every rank), the
     entry runs, C agreeing on nothing first."""
-    from mpitensor import _registry
-    entered = []
-    entry = _registry.functions[np.concatenate]
-    monkeypatch.setitem(_registry.functions, np.concatenate, lambda *a, **k: (
-        entered.append("concatenate"), entry(*a, **k))[1])
+    entered = entries_entered(monkeypatch, np.concatenate)
     rng = np.random.default_rng(3)
     a, b = rng.standard_normal((4 * W, 3)), rng.standard_normal((4 * W, 2))
     f = rng.standard_normal((4 * W, 1)).astype(np.float32)
@@ -533,7 +526,7 @@ def test_concatenate_along_an_unsharded_axis_runs_in_c_else_in_its_entry(mesh, m
     entered[:] = []
     with pytest.raises(ValueError, match="must match exactly"):
         np.concatenate((x, mt.distribute_tensor(a[:2 * W], mesh, [Shard(0)])), axis=1)
-    assert entered == ["concatenate"]
+    assert entered == [np.concatenate]
 
 
 def test_diff_along_an_unsharded_axis_runs_in_c_else_in_its_entry(mesh, monkeypatch):
@@ -543,11 +536,7 @@ def test_diff_along_an_unsharded_axis_runs_in_c_else_in_its_entry(mesh, monkeypa
     NumPy's dtype (not_equal for bools, int8 stays int8); along a sharded axis,
     with n=0, prepend= or append=, of a Partial, or with a gradient wanted, the
     entry runs, C agreeing on nothing first. Either way, NumPy's answer."""
-    from mpitensor import _registry
-    entered = []
-    entry = _registry.functions[np.diff]
-    monkeypatch.setitem(_registry.functions, np.diff, lambda *a, **k: (
-        entered.append("diff"), entry(*a, **k))[1])
+    entered = entries_entered(monkeypatch, np.diff)
     rng = np.random.default_rng(9)
     a = rng.standard_normal((2 * W, 6))
     i8 = rng.integers(-100, 100, (2 * W, 6)).astype(np.int8)
@@ -572,7 +561,7 @@ def test_diff_along_an_unsharded_axis_runs_in_c_else_in_its_entry(mesh, monkeypa
     g = mt.distribute_tensor(a, mesh, [Shard(0)], requires_grad=True)
     entered[:] = []
     np.diff(g).sum().backward()
-    assert entered == ["diff"]
+    assert entered == [np.diff]
     want = np.zeros_like(a)
     want[:, 0], want[:, -1] = -1.0, 1.0
     np.testing.assert_array_equal(g.grad.full_tensor(), want)
@@ -585,11 +574,7 @@ def test_stack_of_one_layout_runs_in_c_else_in_its_entry(mesh, monkeypatch):
     keyword, of a Partial or of a single array, the entry runs, C agreeing on
     nothing first; of shapes that differ, NumPy's ValueError on every rank. Either
     way, NumPy's answer."""
-    from mpitensor import _registry
-    entered = []
-    entry = _registry.functions[np.stack]
-    monkeypatch.setitem(_registry.functions, np.stack, lambda *a, **k: (
-        entered.append("stack"), entry(*a, **k))[1])
+    entered = entries_entered(monkeypatch, np.stack)
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal((2 * W, 3)), rng.standard_normal((2 * W, 3))
     f = b.astype(np.float32)
@@ -611,7 +596,7 @@ def test_stack_of_one_layout_runs_in_c_else_in_its_entry(mesh, monkeypatch):
     entered[:] = []
     with pytest.raises(ValueError, match="same shape"):
         np.stack((x, mt.distribute_tensor(a[:, :2], mesh, [Shard(0)])))
-    assert entered == ["stack"]
+    assert entered == [np.stack]
 
 
 def test_astype_that_moves_nothing_runs_in_c_else_in_its_entry(mesh, monkeypatch):
@@ -620,11 +605,7 @@ def test_astype_that_moves_nothing_runs_in_c_else_in_its_entry(mesh, monkeypatch
     keeps, and another is reduced first), copy=False, a dtype of another byte
     order or a gradient wanted leave the call to the entry.
     Either way, NumPy's answer and the entry's placements."""
-    from mpitensor import _registry
-    entered = []
-    entry = _registry.functions[np.ndarray.astype]
-    monkeypatch.setitem(_registry.functions, np.ndarray.astype, lambda *a, **k: (
-        entered.append(1), entry(*a, **k))[1])
+    entered = entries_entered(monkeypatch, np.ndarray.astype)
     a = np.arange(4.0 * W * 3).reshape(4 * W, 3) - 5.5
     x = mt.distribute_tensor(a, mesh, [Shard(0)])
     r = mt.distribute_tensor(a, mesh, [Replicate()])
@@ -658,7 +639,7 @@ def test_astype_that_moves_nothing_runs_in_c_else_in_its_entry(mesh, monkeypatch
         np.testing.assert_array_equal(full, want)
     g = mt.distribute_tensor(a, mesh, [Shard(0)], requires_grad=True)
     entered[:], before = [], _trace.hook_stats()["entry"]
-    assert g.astype(np.float32).requires_grad and entered == [1]
+    assert g.astype(np.float32).requires_grad and entered == [np.ndarray.astype]
     assert _trace.hook_stats()["entry"] == before
 
 
@@ -814,11 +795,7 @@ def test_a_number_written_through_a_kept_basic_key_is_written_in_c(mesh, monkeyp
     and a read-only local array take the entry. Into a view basic indexing made,
     the write reaches the base; a Python int out of the dtype's range raises
     NumPy's OverflowError on every rank. Either way, NumPy's answer."""
-    from mpitensor import _registry
-    entered = []
-    entry = _registry.functions[operator.setitem]
-    monkeypatch.setitem(_registry.functions, operator.setitem, lambda *a, **k: (
-        entered.append(1), entry(*a, **k))[1])
+    entered = entries_entered(monkeypatch, operator.setitem)
     g = np.arange(6.0 * W * 4).reshape(2 * W, 12)
     want = g.copy()
     x = mt.distribute_tensor(g, mesh, [Shard(0)])
@@ -833,7 +810,7 @@ def test_a_number_written_through_a_kept_basic_key_is_written_in_c(mesh, monkeyp
         assert len(entered) == 2
         x[key] = value
         r[key] = value
-        assert entered == [1, 1], key  # written in C
+        assert entered == [operator.setitem] * 2, key  # written in C
         np.testing.assert_array_equal(x.full_tensor(), want)
         np.testing.assert_array_equal(r.full_tensor(), want)
     entered[:] = []
@@ -850,7 +827,7 @@ def test_a_number_written_through_a_kept_basic_key_is_written_in_c(mesh, monkeyp
     p[0, 0] = 5.0
     entered[:] = []
     p[0, 0] = 5.0
-    assert entered == [1]
+    assert entered == [operator.setitem]
     ro = np.zeros((2, 3))
     ro.flags.writeable = False
     y = DTensor.from_local(ro, mesh, [Shard(0)])
@@ -858,7 +835,7 @@ def test_a_number_written_through_a_kept_basic_key_is_written_in_c(mesh, monkeyp
     for _ in range(2):
         with pytest.raises(ValueError, match="read-only"):
             y[0] = 1.0
-    assert entered == [1, 1]
+    assert entered == [operator.setitem] * 2
     i8[0] = 1
     for _ in range(2):
         with pytest.raises(OverflowError):
